@@ -1,0 +1,102 @@
+"""NVRTC compilation (through CuPy's NVRTC bindings) to cubin, with an on-disk cache.
+
+Compiling needs no GPU and no CUDA context, so it runs in a pool of worker processes while the
+GPU times earlier variants. The cache key holds everything that changes the binary: the source,
+the options, the target architecture, the NVRTC version and this module's CACHE_VERSION.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import CompileError, GpuUnavailableError
+
+CACHE_VERSION = "1"  # bump when the way binaries are produced changes
+BASE_OPTIONS = ("-std=c++17",)
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+        nvrtc.getVersion()
+    except Exception as exc:  # ImportError, or the NVRTC library missing
+        raise GpuUnavailableError(f"NVRTC is not available through CuPy: {exc}".splitlines()[0]) from None
+    return nvrtc
+
+
+def nvrtc_version() -> str:
+    major, minor = _nvrtc().getVersion()
+    return f"{major}.{minor}"
+
+
+def compile_options(arch: str) -> tuple[str, ...]:
+    """The exact options a variant is compiled with for `arch` (e.g. "sm_90")."""
+    return BASE_OPTIONS + (f"--gpu-architecture={arch}",)
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("AUTOGEN_CACHE_DIR"):
+        return Path(os.environ["AUTOGEN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autogen" / "kernels"
+
+
+def cache_key(source: str, options: tuple[str, ...], nvrtc: str) -> str:
+    digest = hashlib.sha256(f"autogen-cubin-{CACHE_VERSION}\0nvrtc-{nvrtc}\0".encode())
+    digest.update("\0".join(options).encode() + b"\0" + source.encode())
+    return digest.hexdigest()
+
+
+def compile_cubin(source: str, arch: str, cache_dir: str | None = None) -> bytes:
+    """Compile one kernel source to a cubin for `arch`; raise CompileError with NVRTC's log."""
+    nvrtc = _nvrtc()
+    options = compile_options(arch)
+    folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = folder / (cache_key(source, options, nvrtc_version()) + ".cubin")
+    if path.is_file():
+        return path.read_bytes()
+    cubin = _nvrtc_compile(nvrtc, source, options)
+    _write_atomically(path, cubin)
+    return cubin
+
+
+def _nvrtc_compile(nvrtc, source: str, options: tuple[str, ...]) -> bytes:
+    program = nvrtc.createProgram(source, "autogen_kernel.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, list(options))
+        except nvrtc.NVRTCError as exc:
+            log = nvrtc.getProgramLog(program)
+            raise CompileError(f"NVRTC failed ({exc}): {log.strip()}") from None
+        return nvrtc.getCUBIN(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    # Several compile workers may produce the same binary: write-then-rename keeps readers safe.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def compile_many(sources: dict[str, str], arch: str, workers: int | None = None) -> dict[str, bytes | CompileError]:
+    """Compile {name: source} in a process pool; a failure is returned in place of its cubin."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers or os.cpu_count(), mp_context=context) as pool:
+        futures = {name: pool.submit(compile_cubin, source, arch) for name, source in sources.items()}
+        results: dict[str, bytes | CompileError] = {}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except CompileError as exc:
+                results[name] = exc
+        return results

@@ -1,0 +1,31 @@
+"""The errors autogen raises on purpose. The CLI turns each into one line and an exit code."""
+
+
+class AutogenError(Exception):
+    """Base class: a failure autogen can explain in one line."""
+
+    exit_code = 1
+
+
+class UsageError(AutogenError):
+    """Bad input from the user: unknown family, impossible shape, malformed option."""
+
+    exit_code = 2
+
+
+class GpuUnavailableError(AutogenError):
+    """No CUDA GPU, no driver, or no CuPy: GPU commands cannot run here."""
+
+
+class InvalidConfigError(AutogenError):
+    """A parameter set outside a family's search space (from a user, a database or a file)."""
+
+    exit_code = 2
+
+
+class CompileError(AutogenError):
+    """NVRTC rejected a rendered variant; the message carries the compiler log."""
+
+
+class NotTunedError(AutogenError):
+    """Nothing stored (or servable) for the request, and the caller asked not to fall back."""

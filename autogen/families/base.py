@@ -1,0 +1,127 @@
+"""What every kernel family provides. One module per family, beside templates/<family>.cu.j2."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..errors import UsageError
+from ..problem import DTYPE_TAGS, Config, Problem
+from ..space import Space
+
+# Each dimension must fit the kernels' 32-bit int arguments.
+MAX_DIM = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0  # dynamic shared memory; static shared memory is in the source
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The library routine a family is compared with, run on the current stream."""
+
+    name: str
+    run: Callable[[dict], Any]  # takes the same inputs dict as the kernel
+
+
+class Family:
+    """Base class. Subclasses set the class attributes and implement the methods that raise."""
+
+    name: str
+    template: str  # file name under templates/
+    dims: tuple[str, ...]  # dimension names in order, e.g. ("m", "n")
+    dtypes: tuple[str, ...]  # supported dtype names, e.g. ("float32",)
+    space: Space
+    default_params: Mapping[str, int | str]  # served when nothing is tuned; must be valid
+    output: str  # the inputs-dict entry the kernel writes
+    tolerance: float = 1e-5  # relative L2 error allowed against the float64 reference
+    description: str = ""
+
+    # --- problems -------------------------------------------------------------------------
+    def problem(self, dtype: str | None = None, **dims: int) -> Problem:
+        """A validated Problem; bad dimensions or dtype raise UsageError naming them."""
+        dtype = dtype or self.dtypes[0]
+        if dtype not in self.dtypes:
+            raise UsageError(f"{self.name} supports dtype {', '.join(self.dtypes)}, not {dtype!r}")
+        missing = [d for d in self.dims if d not in dims]
+        extra = [d for d in dims if d not in self.dims]
+        if missing or extra:
+            raise UsageError(
+                f"{self.name} needs dimensions {', '.join(self.dims)}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(extra)}" if extra else "")
+            )
+        for d in self.dims:
+            value = dims[d]
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise UsageError(f"{self.name}: {d} must be an integer, got {value!r}")
+            if not 1 <= value <= MAX_DIM:
+                raise UsageError(f"{self.name}: {d} must be between 1 and {MAX_DIM}, got {value}")
+        return Problem(self.name, dtype, tuple((d, int(dims[d])) for d in self.dims))
+
+    def default_config(self) -> Config:
+        return self.space.check(self.default_params)
+
+    def distance(self, a: Problem, b: Problem) -> float:
+        """How far apart two shapes are, for the nearest-tuned-shape fallback: log-space L2."""
+        return math.sqrt(sum(math.log2(a[d] / b[d]) ** 2 for d in self.dims))
+
+    # --- code -----------------------------------------------------------------------------
+    def kernel_name(self, dtype: str, config: Config) -> str:
+        """Procedural name, e.g. sgemv_f32_tpr4_vw4_wpb4_rpg1_u2_xldg_rshfl: the extern "C"
+        symbol, part of the database key and the exported symbol."""
+        parts = [self.name, DTYPE_TAGS[dtype]]
+        parts += [f"{self.space.param(k).abbrev}{v}" for k, v in config.params]
+        return "_".join(parts)
+
+    def template_vars(self, dtype: str, config: Config) -> dict:
+        return {"kernel_name": self.kernel_name(dtype, config), "dtype": dtype, **config.as_dict()}
+
+    def launch(self, problem: Problem, config: Config) -> Launch:
+        raise NotImplementedError
+
+    def reject_reason(self, problem: Problem, config: Config) -> str | None:
+        """Why a valid config is not worth timing on this shape (search pruning), or None."""
+        return None
+
+    # --- data -----------------------------------------------------------------------------
+    def validation_cases(self, problem: Problem) -> list[dict]:
+        """Scalar settings each variant is checked under; each runs on fresh random inputs."""
+        return [{}]
+
+    def timing_case(self, problem: Problem) -> dict:
+        return self.validation_cases(problem)[0]
+
+    def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
+        """Arrays (numpy or cupy, per xp) and scalars for one launch; the output poisoned with
+        NaN wherever the kernel must overwrite it."""
+        raise NotImplementedError
+
+    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
+        raise NotImplementedError
+
+    def reference(self, problem: Problem, inputs: dict, xp=np):
+        """The expected output in float64, computed with xp (numpy, or cupy on the GPU)."""
+        raise NotImplementedError
+
+    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
+        """The fewest bytes one launch must move through device memory."""
+        raise NotImplementedError
+
+    def flops(self, problem: Problem) -> int:
+        return 0
+
+    def peer(self, problem: Problem) -> Peer | None:
+        return None
+
+
+def random_uniform(xp, rng, shape, dtype) -> Any:
+    """Uniform in [-0.5, 0.5): never zeros, so unwritten outputs and bad indexing show."""
+    return (rng.random(shape, dtype=xp.float32) - xp.float32(0.5)).astype(dtype, copy=False)

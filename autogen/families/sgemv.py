@@ -1,0 +1,113 @@
+"""SGEMV: y = alpha * A x + beta * y, fp32, A row-major m x n. Template: templates/sgemv.cu.j2."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..problem import Config, Problem
+from ..space import Param, Space
+from .base import Family, Launch, Peer, random_uniform
+
+
+def _row_fits_block(p) -> str | None:
+    if p["threads_per_row"] > 32 * p["warps_per_block"]:
+        return (f"threads_per_row={p['threads_per_row']} needs warps_per_block >= "
+                f"{p['threads_per_row'] // 32}")
+    return None
+
+
+def _reduce_only_across_warps(p) -> str | None:
+    # Inside one warp only shuffles are used, so reduce=smem would duplicate a shfl variant.
+    if p["reduce"] == "smem" and p["threads_per_row"] <= 32:
+        return "reduce=smem only differs from shfl when threads_per_row > 32"
+    return None
+
+
+SPACE = Space(
+    params=(
+        Param("threads_per_row", (1, 2, 4, 8, 16, 32, 64, 128, 256), "tpr",
+              "threads cooperating on one row: <32 packs several rows in a warp, >32 spans warps"),
+        Param("vector_width", (1, 2, 4), "vw", "floats per load (4: 16-byte float4 loads)"),
+        Param("warps_per_block", (1, 2, 4, 8), "wpb", "block size in warps"),
+        Param("rows_per_group", (1, 2), "rpg", "rows each thread group computes, sharing x loads"),
+        Param("unroll", (1, 2, 4), "u", "column-loop unroll: loads in flight per thread"),
+        Param("x_path", ("ldg", "smem"), "x", "x through the read-only cache or staged in shared memory"),
+        Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
+    ),
+    constraints=(_row_fits_block, _reduce_only_across_warps),
+)
+
+
+class Sgemv(Family):
+    name = "sgemv"
+    template = "sgemv.cu.j2"
+    dims = ("m", "n")
+    dtypes = ("float32",)
+    space = SPACE
+    default_params = {"threads_per_row": 32, "vector_width": 4, "warps_per_block": 4,
+                      "rows_per_group": 1, "unroll": 2, "x_path": "ldg", "reduce": "shfl"}
+    output = "y"
+    tolerance = 1e-5
+    description = "y = alpha * A x + beta * y, fp32, A row-major m x n"
+
+    def rows_per_block(self, config: Config) -> int:
+        return 32 * config["warps_per_block"] // config["threads_per_row"] * config["rows_per_group"]
+
+    def launch(self, problem: Problem, config: Config) -> Launch:
+        rows = self.rows_per_block(config)
+        return Launch(grid=(-(-problem["m"] // rows), 1, 1), block=(32 * config["warps_per_block"], 1, 1))
+
+    def reject_reason(self, problem: Problem, config: Config) -> str | None:
+        # A row group whose single load step covers over twice the row leaves most lanes idle.
+        step = config["threads_per_row"] * config["vector_width"]
+        if step > 2 * max(problem["n"], 32):
+            return f"threads_per_row*vector_width={step} spans over twice n={problem['n']}"
+        chunk = step * config["unroll"]
+        if config["unroll"] > 1 and chunk > 2 * max(problem["n"], 32):
+            return f"unroll={config['unroll']} reaches past n={problem['n']} on the first step"
+        return None
+
+    def validation_cases(self, problem: Problem) -> list[dict]:
+        # beta = 0 with y poisoned: every row written and y never read. beta != 0: y honoured.
+        return [{"alpha": 1.5, "beta": 0.0}, {"alpha": -0.75, "beta": 1.25}]
+
+    def timing_case(self, problem: Problem) -> dict:
+        return {"alpha": 1.0, "beta": 0.0}
+
+    def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
+        m, n = problem["m"], problem["n"]
+        y = random_uniform(xp, rng, (m,), xp.float32)
+        if case["beta"] == 0.0:
+            y[...] = xp.nan
+        return {"A": random_uniform(xp, rng, (m, n), xp.float32),
+                "x": random_uniform(xp, rng, (n,), xp.float32),
+                "y": y, "alpha": case["alpha"], "beta": case["beta"]}
+
+    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
+        return (inputs["A"], inputs["x"], inputs["y"], np.int32(problem["m"]), np.int32(problem["n"]),
+                np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
+
+    def reference(self, problem: Problem, inputs: dict, xp=np):
+        result = inputs["alpha"] * (inputs["A"].astype(xp.float64) @ inputs["x"].astype(xp.float64))
+        if inputs["beta"] != 0.0:
+            result += inputs["beta"] * inputs["y"].astype(xp.float64)
+        return result
+
+    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
+        m, n = problem["m"], problem["n"]
+        reads_y = case is not None and case.get("beta", 0.0) != 0.0
+        return 4 * (m * n + n + m + (m if reads_y else 0))
+
+    def flops(self, problem: Problem) -> int:
+        return 2 * problem["m"] * problem["n"]
+
+    def peer(self, problem: Problem) -> Peer | None:
+        try:
+            import cupy.cublas
+        except ImportError:  # no cuBLAS library on this machine
+            return None
+
+        def run(inputs: dict) -> None:
+            cupy.cublas.gemv("N", inputs["alpha"], inputs["A"], inputs["x"], inputs["beta"], inputs["y"])
+
+        return Peer("cuBLAS sgemv", run)

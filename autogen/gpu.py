@@ -1,0 +1,58 @@
+"""The one place that imports CuPy and asks the driver about the GPU."""
+
+from __future__ import annotations
+
+import functools
+
+from tuning_db.records import DeviceIdentity
+
+from .errors import GpuUnavailableError
+
+
+def require_cupy():
+    """Return the cupy module with a usable GPU, or raise GpuUnavailableError in one line."""
+    try:
+        import cupy
+    except Exception as exc:  # not installed, or its CUDA libraries missing
+        raise GpuUnavailableError(
+            f"CuPy is not usable ({type(exc).__name__}: {_first_line(exc)}); "
+            "install autogen with the cuda12 or cuda13 extra on a machine with an NVIDIA GPU"
+        ) from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, or the driver finds no device
+        raise GpuUnavailableError(f"no CUDA GPU available: {_first_line(exc)}") from None
+    if count < 1:
+        raise GpuUnavailableError("no CUDA GPU available: the driver reports 0 devices")
+    return cupy
+
+
+@functools.lru_cache(maxsize=None)
+def device_identity(device_id: int | None = None) -> DeviceIdentity:
+    cupy = require_cupy()
+    from .compile import nvrtc_version
+
+    runtime = cupy.cuda.runtime
+    device_id = runtime.getDevice() if device_id is None else device_id
+    props = runtime.getDeviceProperties(device_id)
+    name = props["name"]
+    return DeviceIdentity(
+        name=name.decode() if isinstance(name, bytes) else str(name),
+        compute_capability=f"{props['major']}.{props['minor']}",
+        sm_count=int(props["multiProcessorCount"]),
+        l2_bytes=int(props["l2CacheSize"]),
+        driver_version=int(runtime.driverGetVersion()),
+        runtime_version=int(runtime.runtimeGetVersion()),
+        nvrtc_version=nvrtc_version(),
+    )
+
+
+def free_device_memory() -> int:
+    cupy = require_cupy()
+    free, _total = cupy.cuda.runtime.memGetInfo()
+    return int(free)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

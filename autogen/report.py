@@ -1,0 +1,105 @@
+"""Turning results into the stdout table and the --json document."""
+
+from __future__ import annotations
+
+import json
+
+
+def performance(time_us: float | None, bytes_moved: int, flops: int, copy_gbs: float | None,
+                peer_time_us: float | None) -> dict:
+    """GB/s, fraction of the bandwidth floor and speedup over the peer for one time."""
+    if time_us is None:
+        return {}
+    gbs = bytes_moved / (time_us * 1e-6) / 1e9
+    return {
+        "time_us": round(time_us, 4),
+        "gb_per_s": round(gbs, 1),
+        "tflop_per_s": round(flops / (time_us * 1e-6) / 1e12, 3) if flops else None,
+        "floor_us": round(bytes_moved / (copy_gbs * 1e9) * 1e6, 4) if copy_gbs else None,
+        "pct_of_floor": round(100.0 * gbs / copy_gbs, 1) if copy_gbs else None,
+        "peer_time_us": round(peer_time_us, 4) if peer_time_us else None,
+        "speedup_vs_peer": round(peer_time_us / time_us, 3) if peer_time_us else None,
+    }
+
+
+def tune_summary(result) -> dict:
+    winner = result.winner
+    doc = {
+        "problem": {"family": result.problem.family, "dtype": result.problem.dtype, "shape": result.problem.shape},
+        "gpu": result.device.name,
+        "arch": result.device.arch,
+        "copy_bandwidth_gb_per_s": round(result.copy_gbs, 1) if result.copy_gbs else None,
+        "bytes_moved": result.bytes_moved,
+        "trials": {"measured": result.measured, "failed": result.failed, "rejected": result.rejected,
+                   "reused": result.reused, "worker_restarts": result.worker_restarts},
+        "wall_s": round(result.wall_s, 2),
+        "database": result.db_url,
+        "winner": None,
+    }
+    if winner is not None:
+        doc["winner"] = {
+            "kernel": winner.trial.kernel_name,
+            "params": winner.trial.params,
+            "spread_us": round(winner.trial.spread_us or 0.0, 4),
+            "margin_to_runner_up": round(winner.margin, 4) if winner.margin is not None else None,
+            "peer": winner.peer_name or None,
+            **performance(winner.trial.time_us, result.bytes_moved, result.flops, result.copy_gbs,
+                          winner.peer_time_us),
+        }
+        doc["finalists"] = [{"kernel": t.kernel_name, "time_us": round(t.time_us, 4),
+                             "spread_us": round(t.spread_us or 0.0, 4)} for t in result.candidates]
+    return doc
+
+
+def render_table(rows: list[tuple[str, object]]) -> str:
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {_text(value)}" for label, value in rows)
+
+
+def tune_table(doc: dict) -> str:
+    problem = doc["problem"]
+    rows: list[tuple[str, object]] = [
+        ("problem", f"{problem['family']} {problem['dtype']} " + " ".join(f"{k}={v}" for k, v in problem["shape"].items())),
+        ("gpu", f"{doc['gpu']} ({doc['arch']})"),
+    ]
+    winner = doc["winner"]
+    if winner is None:
+        rows.append(("winner", "none: no variant passed validation"))
+    else:
+        rows += [
+            ("winner", winner["kernel"]),
+            ("parameters", " ".join(f"{k}={v}" for k, v in winner["params"].items())),
+            ("time", f"{winner['time_us']:.3f} us (spread {winner['spread_us']:.3f} us)"),
+            ("bandwidth", f"{winner['gb_per_s']:.1f} GB/s"),
+            ("% of floor", _pct(winner.get("pct_of_floor"), doc.get("copy_bandwidth_gb_per_s"))),
+            ("peer", _peer(winner)),
+        ]
+    trials = doc["trials"]
+    rows += [
+        ("trials", f"{trials['measured']} measured, {trials['failed']} failed, {trials['rejected']} rejected, "
+                   f"{trials['reused']} reused" + (f", {trials['worker_restarts']} worker restarts"
+                                                   if trials["worker_restarts"] else "")),
+        ("wall time", f"{doc['wall_s']:.1f} s"),
+        ("stored in", doc["database"]),
+    ]
+    return render_table(rows)
+
+
+def _pct(pct, copy_gbs) -> str:
+    if pct is None:
+        return "n/a (copy bandwidth not measured)"
+    return f"{pct:.1f}% (floor at the measured copy bandwidth {copy_gbs:.0f} GB/s)"
+
+
+def _peer(winner: dict) -> str:
+    if not winner.get("peer"):
+        return "unavailable"
+    return f"{winner['peer']} {winner['peer_time_us']:.3f} us -> speedup {winner['speedup_vs_peer']:.2f}x"
+
+
+def _text(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def to_json(doc: dict) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False)

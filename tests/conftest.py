@@ -1,0 +1,42 @@
+"""Shared fixtures. Tests marked `gpu` run only where CuPy sees an NVIDIA GPU."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_unavailable_reason() -> str | None:
+    from autogen.errors import GpuUnavailableError
+    from autogen.gpu import require_cupy
+
+    try:
+        require_cupy()
+    except GpuUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = gpu_unavailable_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=f"needs a GPU: {reason}")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def db_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'tuning.db'}"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_caches(tmp_path_factory, monkeypatch):
+    # Never touch the user's database or kernel cache from a test.
+    monkeypatch.setenv("AUTOGEN_DB", f"sqlite:///{tmp_path_factory.mktemp('db') / 'default.db'}")
+    monkeypatch.setenv("AUTOGEN_CACHE_DIR", str(tmp_path_factory.mktemp("kernels")))

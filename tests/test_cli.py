@@ -1,0 +1,82 @@
+"""The command line without a GPU: clear one-line errors, usage errors exit 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from autogen.cli import main
+from conftest import gpu_unavailable_reason
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autogen", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+@pytest.mark.skipif(gpu_unavailable_reason() is None, reason="this machine has a GPU")
+@pytest.mark.parametrize("command", [["tune", "sgemv", "--m", "16384", "--n", "16"],
+                                     ["bench", "sgemv", "--m", "16384", "--n", "16"]])
+def test_gpu_commands_without_a_gpu_fail_in_one_line(command):
+    done = run_cli(*command)
+    assert done.returncode == 1
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("autogen: error: ") and ("GPU" in lines[0] or "CuPy" in lines[0])
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["tune", "sgemv", "--m", "0", "--n", "16"], "m must be between 1"),
+    (["tune", "sgemv", "--m", "16384"], "needs --n"),
+    (["tune", "nosuch", "--m", "1", "--n", "1"], "unknown family 'nosuch'"),
+    (["tune", "sgemv", "--m", "4", "--n", "4", "--dtype", "float64"], "supports dtype float32"),
+    (["show", "sgemv", "--m", "4", "--n", "4", "--k", "3"], None),  # argparse: no --k flag
+    (["tune", "sgemv", "--m", "x", "--n", "4"], "expected an integer"),
+    (["tune", "sgemv", "--m", "4", "--n", "4", "--sampler", "grid"], "invalid choice"),
+])
+def test_bad_arguments_exit_2_with_a_message(args, fragment, capsys):
+    with pytest.raises(SystemExit) if fragment in (None, "expected an integer", "invalid choice") else _no_raise():
+        code = main(args)
+        assert code == 2
+    err = capsys.readouterr().err
+    if fragment:
+        assert fragment in err
+    assert "Traceback" not in err
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_argparse_usage_errors_exit_2():
+    done = run_cli("tune", "sgemv", "--m", "4", "--n", "4", "--sampler", "grid")
+    assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+def test_shapes_file_and_comma_lists(tmp_path, capsys):
+    from autogen.cli import build_parser, problems_from_args
+
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("# m and n\nm=4096 n=16\nm=8, n=32\n")
+    args = build_parser().parse_args(["tune", "sgemv", "--m", "1,2", "--n", "3", "--shapes", str(shapes)])
+    keys = [p.shape_key for p in problems_from_args(args)]
+    assert keys == ["m=4096,n=16", "m=8,n=32", "m=1,n=3", "m=2,n=3"]
+    shapes.write_text("m=4096 n=sixteen\n")
+    assert main(["tune", "sgemv", "--shapes", str(shapes)]) == 2
+    assert "expected 'name=size ...'" in capsys.readouterr().err
+
+
+def test_help_needs_no_gpu():
+    done = run_cli("--help")
+    assert done.returncode == 0 and "tune" in done.stdout

@@ -1,0 +1,75 @@
+"""Plain value objects that cross the storage boundary.
+
+The rest of autogen never sees ORM rows: the repository turns rows into these frozen records, so a
+session closing cannot invalidate what a caller holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """Everything about a GPU and its software stack that changes a binary or its speed."""
+
+    name: str
+    compute_capability: str  # "9.0"
+    sm_count: int
+    l2_bytes: int
+    driver_version: int  # as cudaDriverGetVersion reports it, e.g. 13000
+    runtime_version: int  # cudaRuntimeGetVersion
+    nvrtc_version: str  # "13.0"
+
+    @property
+    def arch(self) -> str:
+        return "sm_" + self.compute_capability.replace(".", "")
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One measured (or failed, or rejected) variant of one problem on one device."""
+
+    family: str
+    dtype: str
+    shape_key: str  # canonical "m=16384,n=16"
+    kernel_name: str  # procedural name, unique per config within a family
+    params: dict = field(hash=False)  # parameter name -> value, as the family's space defines
+    status: str  # "ok" | "failed" | "rejected"
+    reason: str = ""  # why failed/rejected; empty when ok
+    time_us: float | None = None  # median GPU time per launch
+    samples_us: tuple[float, ...] = ()  # every timed replay, per launch
+    spread_us: float | None = None  # (max - min) of the samples
+    error: float | None = None  # relative L2 error against float64
+    source_hash: str = ""  # sha256 of the rendered source
+    compile_options: str = ""  # the exact options given to NVRTC
+    cache_mode: str = "cold"  # "cold" | "hot"
+    created_at: str = ""  # ISO-8601 UTC, set by the repository
+
+
+@dataclass(frozen=True)
+class WinnerRecord:
+    """The served kernel for (device, family, dtype, shape) and how it compares with the peer."""
+
+    device: DeviceIdentity
+    trial: TrialRecord
+    peer_name: str = ""  # e.g. "cuBLAS sgemv"; empty when no peer was available
+    peer_time_us: float | None = None
+    margin: float | None = None  # relative gap to the runner-up at selection time
+    autogen_version: str = ""
+    updated_at: str = ""
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """A kernel checked once on a shape it was not tuned for (the dispatcher's nearest-shape step)."""
+
+    family: str
+    dtype: str
+    shape_key: str
+    kernel_name: str
+    source_hash: str
+    passed: bool
+    error: float | None = None
+    reason: str = ""
+    created_at: str = ""
