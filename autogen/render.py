@@ -39,9 +39,11 @@ def render_template(template_name: str, variables: dict) -> str:
     return _environment().get_template(template_name).render(**variables)
 
 
-def render(family, dtype: str, config: Config) -> str:
-    """CUDA source of one variant; `config` must come from family.space.check."""
-    return render_template(family.template, family.template_vars(dtype, config))
+def render(family, dtype: str, config: Config, host_launcher: bool = False) -> str:
+    """CUDA source of one variant; `config` must come from family.space.check. With
+    host_launcher, the source also defines `<kernel_name>_launch(<family.c_params>, stream)`
+    for nvcc builds (exports); NVRTC gets device code only."""
+    return render_template(family.template, family.template_vars(dtype, config, host_launcher))
 
 
 def source_hash(source: str, options: tuple[str, ...] = ()) -> str:

@@ -30,7 +30,7 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
         # multivariate: parameters interact (vector width x threads per row);
         # constant_liar: several trials are in flight while the compile pool works ahead.
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                          n_startup_trials=10, warn_independent_sampling=False)
+                                          n_startup_trials=10)
     if name in ("random", "exhaustive"):
         # exhaustive enqueues every valid point first (see create_study); random serves the rest
         return optuna.samplers.RandomSampler(seed=seed)

@@ -163,7 +163,9 @@ class Tuner:
         in_flight: dict[str, _Pending] = {}
         depth = max(2, 2 * self.options.workers)
         asked = 0
-        launched = 0  # variants sent to compile (the trial budget)
+        # The budget counts variants measured for this problem in earlier runs too, so running
+        # the same command again finishes an interrupted search instead of starting another.
+        launched = sum(1 for t in stored.values() if t.status != "rejected")
 
         def budget_left() -> bool:
             if self.options.timeout_s is not None and time.monotonic() - started > self.options.timeout_s:

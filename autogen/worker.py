@@ -67,16 +67,18 @@ class Evaluator:
         return self._sets
 
     def _launcher(self, kernel_name: str, cubin: bytes, params: dict):
+        """A function that enqueues every step of the variant on the current stream."""
         config = self.family.space.check(params)
         module = self.cupy.cuda.function.Module()
         module.load(cubin)
         self._modules[kernel_name] = module
-        function = module.get_function(kernel_name)
-        geometry = self.family.launch(self.problem, config)
+        steps = [(module.get_function(kernel_name + step.suffix), step)
+                 for step in self.family.plan(self.problem, config)]
 
         def launch(inputs: dict) -> None:
-            function(geometry.grid, geometry.block, self.family.kernel_args(self.problem, inputs),
-                     shared_mem=geometry.shared_bytes)
+            for function, step in steps:
+                function(step.launch.grid, step.launch.block, step.args(inputs),
+                         shared_mem=step.launch.shared_bytes)
 
         return launch
 
@@ -122,17 +124,14 @@ class Evaluator:
         return {name: tuple(values) for name, values in samples.items()}
 
     def copy_bandwidth_gbs(self, nbytes: int = 1 << 30) -> float:
-        """Device-to-device copy bandwidth, bytes read plus written: the roofline's ceiling."""
-        nbytes = min(nbytes, free_device_memory() // 4)
-        src = self.cupy.empty(nbytes, dtype=self.cupy.uint8)
+        """Device-to-device copy bandwidth by an SM copy kernel, bytes read plus written: the
+        roofline's ceiling for memory-bound kernels (a graph memcpy node runs on the copy engine,
+        which is slower than what kernels reach)."""
+        count = min(nbytes, free_device_memory() // 4) // 4
+        src = self.cupy.ones(count, dtype=self.cupy.float32)
         dst = self.cupy.empty_like(src)
-        src.fill(1)
-
-        def enqueue(_i):
-            dst.data.copy_from_device_async(src.data, nbytes, self.cupy.cuda.get_current_stream())
-
-        timing = time_enqueue(self.cupy, enqueue, 1, replays=5)
-        return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
+        timing = time_enqueue(self.cupy, lambda _i: self.cupy.copyto(dst, src), 1, replays=5)
+        return 2 * 4 * count / (timing.median_us * 1e-6) / 1e9
 
     def identity(self):
         return self.device, free_device_memory()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import UsageError
-from .base import Family, Launch, Peer
+from .base import Family, Launch, Peer, Step
 from .sgemv import Sgemv
 
 FAMILIES: dict[str, Family] = {family.name: family for family in (Sgemv(),)}
@@ -16,4 +16,10 @@ def get_family(name: str) -> Family:
         raise UsageError(f"unknown family {name!r}; known: {', '.join(sorted(FAMILIES))}") from None
 
 
-__all__ = ["FAMILIES", "Family", "Launch", "Peer", "get_family"]
+def register(family: Family) -> Family:
+    """Add a family (used by the one line per family above, and by test-only families)."""
+    FAMILIES[family.name] = family
+    return family
+
+
+__all__ = ["FAMILIES", "Family", "Launch", "Peer", "Step", "get_family", "register"]

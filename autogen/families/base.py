@@ -24,6 +24,16 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class Step:
+    """One kernel launch of a variant. Most variants are one step; a two-kernel reduction is two.
+    `symbol` is the extern "C" name: the variant's kernel name plus `suffix`."""
+
+    suffix: str
+    launch: Launch
+    args: Callable[[dict], tuple]  # kernel arguments, from the inputs dict
+
+
+@dataclass(frozen=True)
 class Peer:
     """The library routine a family is compared with, run on the current stream."""
 
@@ -41,6 +51,10 @@ class Family:
     space: Space
     default_params: Mapping[str, int | str]  # served when nothing is tuned; must be valid
     output: str  # the inputs-dict entry the kernel writes
+    # C parameter list shared by every variant's host launcher and the exported entry point
+    # (templates rendered with host_launcher=True define `<kernel_name>_launch(c_params, stream)`).
+    c_params: str
+    c_headers: tuple[str, ...] = ("cuda_runtime.h",)
     tolerance: float = 1e-5  # relative L2 error allowed against the float64 reference
     description: str = ""
 
@@ -81,11 +95,16 @@ class Family:
         parts += [f"{self.space.param(k).abbrev}{v}" for k, v in config.params]
         return "_".join(parts)
 
-    def template_vars(self, dtype: str, config: Config) -> dict:
-        return {"kernel_name": self.kernel_name(dtype, config), "dtype": dtype, **config.as_dict()}
+    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False) -> dict:
+        return {"kernel_name": self.kernel_name(dtype, config), "dtype": dtype,
+                "host_launcher": host_launcher, "c_params": self.c_params, **config.as_dict()}
 
     def launch(self, problem: Problem, config: Config) -> Launch:
         raise NotImplementedError
+
+    def plan(self, problem: Problem, config: Config) -> list[Step]:
+        """The launches of one call, in order. Default: the one kernel of `launch`."""
+        return [Step("", self.launch(problem, config), lambda inputs: self.kernel_args(problem, inputs))]
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
         """Why a valid config is not worth timing on this shape (search pruning), or None."""

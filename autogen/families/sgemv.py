@@ -47,6 +47,7 @@ class Sgemv(Family):
     default_params = {"threads_per_row": 32, "vector_width": 4, "warps_per_block": 4,
                       "rows_per_group": 1, "unroll": 2, "x_path": "ldg", "reduce": "shfl"}
     output = "y"
+    c_params = "const float* A, const float* x, float* y, int m, int n, float alpha, float beta"
     tolerance = 1e-5
     description = "y = alpha * A x + beta * y, fp32, A row-major m x n"
 
@@ -102,12 +103,24 @@ class Sgemv(Family):
         return 2 * problem["m"] * problem["n"]
 
     def peer(self, problem: Problem) -> Peer | None:
+        """cuBLAS sgemv through CuPy's cuBLAS bindings. CuPy's high-level cupy.cublas.gemv refuses
+        to run under stream capture, so the same routine is called on a handle of our own, bound
+        to the current stream, with host-side alpha/beta (captured by value into the graph)."""
         try:
-            import cupy.cublas
+            from cupy_backends.cuda.libs import cublas
+            import cupy
         except ImportError:  # no cuBLAS library on this machine
             return None
+        handle = cublas.create()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        m, n = problem["m"], problem["n"]
 
         def run(inputs: dict) -> None:
-            cupy.cublas.gemv("N", inputs["alpha"], inputs["A"], inputs["x"], inputs["beta"], inputs["y"])
+            alpha = np.array(inputs["alpha"], dtype=np.float32)
+            beta = np.array(inputs["beta"], dtype=np.float32)
+            cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+            # Row-major A (m x n) is column-major A^T (n x m): y = op(A^T) x with op = transpose.
+            cublas.sgemv(handle, cublas.CUBLAS_OP_T, n, m, alpha.ctypes.data, inputs["A"].data.ptr, n,
+                         inputs["x"].data.ptr, 1, beta.ctypes.data, inputs["y"].data.ptr, 1)
 
         return Peer("cuBLAS sgemv", run)
