@@ -1,3 +1,21 @@
-"""autogen: a code-generating CUDA kernel autotuner."""
+"""autogen: a code-generating CUDA kernel autotuner.
+
+    import autogen
+    y = autogen.sgemv(A, x)                      # CuPy arrays or PyTorch CUDA tensors
+    k = autogen.lookup("sgemv", m=16384, n=16)   # k.name, k.params, k.served_by, k.provenance
+    y = k(A, x, alpha=2.0, beta=0.5, y=y)
+"""
 
 __version__ = "0.1.0"
+
+
+def sgemv(A, x, alpha=1.0, beta=0.0, y=None, *, stream=None):
+    """y = alpha * A x + beta * y with the best kernel autogen has for this GPU and shape."""
+    from .dispatch import call
+    return call("sgemv", (A, x), {"alpha": alpha, "beta": beta, "y": y}, stream)
+
+
+def lookup(family, dtype=None, strict=False, **dims):
+    """The kernel served for `family` at this shape: exact, nearest, arch or default."""
+    from .dispatch import lookup as _lookup
+    return _lookup(family, dtype, strict, **dims)

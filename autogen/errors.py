@@ -13,6 +13,10 @@ class UsageError(AutogenError):
     exit_code = 2
 
 
+class ArgumentError(UsageError, ValueError):
+    """A bad argument to a kernel call: wrong dtype, layout, device or shape. Names the argument."""
+
+
 class GpuUnavailableError(AutogenError):
     """No CUDA GPU, no driver, or no CuPy: GPU commands cannot run here."""
 

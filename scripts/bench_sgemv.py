@@ -40,6 +40,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--db", help="tuning database to use (shapes already tuned there are resumed)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -48,7 +49,7 @@ def main() -> int:
     from autogen.tuner import TuneOptions, tune
 
     report = {"cli_cold_start": cold_cli_run(args.out, 16384, 16, [])}
-    db_url = f"sqlite:///{args.out / 'bench_tuning.db'}"
+    db_url = args.db or f"sqlite:///{args.out / 'bench_tuning.db'}"
     family = get_family("sgemv")
     rows = []
     for m, n in SHAPES:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: install what is missing, run the GPU tests, then the benchmarks.
-# Usage: scripts/gpu_check.sh OUT_DIR [pytest args...]   (logs and JSON land in OUT_DIR)
+# Usage: [STAGES="tests bench"] scripts/gpu_check.sh OUT_DIR [pytest args...]
+# Logs and JSON land in OUT_DIR.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [pytest args...]}
 shift
@@ -21,11 +22,19 @@ export PYTHONUNBUFFERED=1
 export AUTOGEN_CACHE_DIR=${AUTOGEN_CACHE_DIR:-$out/kernel-cache}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$out/gpu.txt" 2>&1
+# Stages (default: all): tests, pretuned (tune the shipped grid), bench (sgemv vs cuBLAS),
+# dispatch (dispatcher overhead and regret), families (reduce/softmax benchmarks).
+stages=${STAGES:-tests pretuned bench dispatch families}
+grid_db=${GRID_DB:-sqlite:///$out/pretuned.db}
 status=0
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest -m gpu -q -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1
-fi
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  python3 scripts/bench_sgemv.py --out "$out" 2>&1 | tee "$out/bench.log" || status=1
-fi
+for stage in $stages; do
+  case $stage in
+    tests) python3 -m pytest -m gpu -q -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1 ;;
+    pretuned) python3 scripts/make_pretuned.py --out "$out" --db "$grid_db" 2>&1 | tail -n 3 | tee "$out/pretuned.log" || status=1 ;;
+    bench) python3 scripts/bench_sgemv.py --out "$out" --db "$grid_db" 2>&1 | tee "$out/bench.log" || status=1 ;;
+    dispatch) python3 scripts/bench_dispatch.py --db "$grid_db" --out "$out" 2>&1 | tee "$out/dispatch.log" || status=1 ;;
+    families) python3 scripts/bench_reduce_softmax.py --out "$out" 2>&1 | tee "$out/families.log" || status=1 ;;
+    *) echo "unknown stage $stage" >&2; status=1 ;;
+  esac
+done
 exit $status

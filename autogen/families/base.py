@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import ArgumentError, UsageError
 from ..problem import DTYPE_TAGS, Config, Problem
 from ..space import Space
 
@@ -139,6 +140,43 @@ class Family:
 
     def peer(self, problem: Problem) -> Peer | None:
         return None
+
+    # --- calls from Python (the dispatcher) -------------------------------------------------
+    def bind(self, cupy, args: tuple, kwargs: dict) -> tuple[Problem, dict, Any]:
+        """Check a call's operands and turn them into (problem, inputs dict, value to return)."""
+        raise NotImplementedError(f"{self.name} has no Python call API")
+
+
+def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int):
+    """A CuPy view of a caller's CUDA array (CuPy, PyTorch, __cuda_array_interface__ or DLPack),
+    checked for dtype, rank, layout and device; errors name the argument."""
+    if type(obj) is cupy.ndarray:
+        array = obj
+    elif hasattr(obj, "__cuda_array_interface__"):
+        array = cupy.asarray(obj)
+    elif hasattr(obj, "__dlpack__"):
+        array = cupy.from_dlpack(obj)
+    else:
+        raise ArgumentError(f"{name} must be a CUDA array (CuPy, PyTorch, or anything with "
+                            f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}")
+    if array.dtype.name not in dtypes:
+        raise ArgumentError(f"{name} must have dtype {' or '.join(dtypes)}, got {array.dtype.name}")
+    if array.ndim != ndim:
+        raise ArgumentError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
+    if not array.flags.c_contiguous:
+        raise ArgumentError(f"{name} must be C-contiguous (row-major, no strides)")
+    device = cupy.cuda.runtime.getDevice()
+    if array.data.device_id != device:
+        raise ArgumentError(f"{name} is on GPU {array.data.device_id}, but the current device is GPU {device}")
+    return array
+
+
+def new_output(cupy, like, shape: tuple[int, ...], dtype: str):
+    """An output of the caller's kind: a torch tensor when the operand is one, else CuPy."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+    return cupy.empty(shape, dtype=dtype)
 
 
 def random_uniform(xp, rng, shape, dtype) -> Any:

@@ -6,7 +6,10 @@ import numpy as np
 
 from ..problem import Config, Problem
 from ..space import Param, Space
-from .base import Family, Launch, Peer, random_uniform
+import functools
+
+from ..errors import ArgumentError
+from .base import Family, Launch, Peer, device_array, new_output, random_uniform
 
 
 def _row_fits_block(p) -> str | None:
@@ -124,3 +127,30 @@ class Sgemv(Family):
                          inputs["x"].data.ptr, 1, beta.ctypes.data, inputs["y"].data.ptr, 1)
 
         return Peer("cuBLAS sgemv", run)
+
+    def bind(self, cupy, args: tuple, kwargs: dict):
+        """autogen.sgemv(A, x, alpha=1.0, beta=0.0, y=None) -> y"""
+        A, x, alpha, beta, y = _sgemv_arguments(*args, **kwargs)
+        a = device_array(cupy, A, "A", self.dtypes, 2)
+        m, n = a.shape
+        xv = device_array(cupy, x, "x", self.dtypes, 1)
+        if xv.shape[0] != n:
+            raise ArgumentError(f"x has length {xv.shape[0]}, but A has {n} columns")
+        if y is None:
+            if beta != 0.0:
+                raise ArgumentError("beta != 0 needs y: it scales the y that is given")
+            y = new_output(cupy, A, (m,), "float32")
+        yv = device_array(cupy, y, "y", self.dtypes, 1)
+        if yv.shape[0] != m:
+            raise ArgumentError(f"y has length {yv.shape[0]}, but A has {m} rows")
+        inputs = {"A": a, "x": xv, "y": yv, "alpha": float(alpha), "beta": float(beta)}
+        return self._problem_of(m, n), inputs, y
+
+    @functools.lru_cache(maxsize=1024)
+    def _problem_of(self, m: int, n: int) -> Problem:
+        # Cached: the hot path of a dispatched call should not re-validate the same shape.
+        return self.problem("float32", m=m, n=n)
+
+
+def _sgemv_arguments(A, x, alpha=1.0, beta=0.0, y=None):
+    return A, x, alpha, beta, y

@@ -1,0 +1,213 @@
+"""The runtime dispatcher: serve the best stored kernel for the GPU and shape at hand.
+
+The chain, first match wins (`served_by` names the step):
+  "exact"    a winner tuned for this GPU, family, dtype and shape;
+  "nearest"  the winner of the nearest tuned shape on this GPU;
+  "arch"     a winner from another GPU of the same compute capability (exact shape, else nearest);
+  "default"  the family's default config.
+Every step but "exact" is validated once on the new shape before it is served, and the check is
+remembered in the database; a kernel that fails it is skipped. The user's database is consulted
+before the pre-tuned catalog shipped with autogen. A hit costs a dictionary lookup and the launch.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from tuning_db import TuningDB
+from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
+
+from .errors import ArgumentError, NotTunedError
+from .families import get_family
+from .problem import Config, Problem, parse_shape_key
+from .render import render, source_hash
+
+
+@dataclass
+class TunedKernel:
+    """A compiled, validated kernel for one problem on one GPU; call it like the family's API."""
+
+    problem: Problem
+    name: str
+    params: dict
+    served_by: str
+    provenance: dict
+    _steps: list = field(repr=False, default_factory=list)  # (cupy Function, Step)
+    _module: object = field(repr=False, default=None)  # keeps the loaded module alive
+
+    def __call__(self, *args, stream=None, **kwargs):
+        cupy = _cupy()
+        problem, inputs, result = get_family(self.problem.family).bind(cupy, args, kwargs)
+        if problem != self.problem:
+            raise ArgumentError(f"{self.name} serves {self.problem}, called with {problem}")
+        self.launch(inputs, resolve_stream(cupy, stream, args))
+        return result
+
+    def launch(self, inputs: dict, stream=None) -> None:
+        for function, step in self._steps:
+            function(step.launch.grid, step.launch.block, step.args(inputs),
+                     shared_mem=step.launch.shared_bytes, stream=stream)
+
+
+class Dispatcher:
+    """Process-wide cache of served kernels, keyed by (device, family, dtype, shape)."""
+
+    def __init__(self, db_url: str | None = None):
+        self.db_url = db_url
+        self._kernels: dict[tuple, TunedKernel] = {}
+        self._lock = threading.Lock()
+        self._dbs: list[TuningDB] | None = None
+
+    def databases(self) -> list[TuningDB]:
+        if self._dbs is None:
+            from .pretuned import pretuned_db
+            shipped = pretuned_db()
+            self._dbs = [TuningDB(self.db_url)] + ([shipped] if shipped is not None else [])
+        return self._dbs
+
+    def lookup(self, problem: Problem, strict: bool = False) -> TunedKernel:
+        cupy = _cupy()
+        key = (cupy.cuda.runtime.getDevice(), problem, strict)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            with self._lock:  # one thread builds, the others wait and then hit the cache
+                kernel = self._kernels.get(key)
+                if kernel is None:
+                    kernel = self._build(problem, strict)
+                    self._kernels[key] = kernel
+        return kernel
+
+    # --- the chain ------------------------------------------------------------------------
+    def _build(self, problem: Problem, strict: bool) -> TunedKernel:
+        from .gpu import device_identity
+
+        family = get_family(problem.family)
+        device = device_identity()
+        for served_by, winner in self._candidates(family, problem, device, strict):
+            config = family.space.check(winner.trial.params) if winner else family.default_config()
+            kernel = self._compile(family, problem, config, served_by, winner, device)
+            if served_by == "exact" or self._validated(family, problem, config, kernel, device):
+                return kernel
+        raise NotTunedError(f"no validated kernel for {problem} on {device.name}")
+
+    def _candidates(self, family, problem: Problem, device: DeviceIdentity, strict: bool):
+        """(served_by, winner or None) in the order of the chain."""
+        winners = [w for db in self.databases()
+                   for w in db.winners(family=problem.family, dtype=problem.dtype,
+                                       compute_capability=device.compute_capability)]
+        same_gpu = [w for w in winners if w.device.name == device.name]
+        exact = [w for w in same_gpu if w.trial.shape_key == problem.shape_key]
+        if exact:
+            yield "exact", exact[0]
+        if strict:
+            raise NotTunedError(f"{problem} is not tuned on {device.name} (strict=True)")
+        for winner in _by_distance(family, problem, [w for w in same_gpu if w not in exact]):
+            yield "nearest", winner
+        for winner in _by_distance(family, problem, [w for w in winners if w.device.name != device.name]):
+            yield "arch", winner
+        yield "default", None
+
+    def _compile(self, family, problem, config: Config, served_by, winner: WinnerRecord | None,
+                 device: DeviceIdentity) -> TunedKernel:
+        from .compile import compile_cubin, compile_options
+
+        cupy = _cupy()
+        source = render(family, problem.dtype, config)
+        name = family.kernel_name(problem.dtype, config)
+        module = cupy.cuda.function.Module()
+        module.load(compile_cubin(source, device.arch))
+        steps = [(module.get_function(name + step.suffix), step) for step in family.plan(problem, config)]
+        provenance = {"gpu": device.name, "arch": device.arch, "source_hash": source_hash(source),
+                      "compile_options": " ".join(compile_options(device.arch))}
+        if winner is not None:
+            provenance.update(tuned_on=winner.device.name, tuned_shape=winner.trial.shape_key,
+                              tuned_time_us=winner.trial.time_us, peer=winner.peer_name,
+                              peer_time_us=winner.peer_time_us, driver_version=winner.device.driver_version,
+                              nvrtc_version=winner.device.nvrtc_version, updated_at=winner.updated_at)
+        return TunedKernel(problem, name, config.as_dict(), served_by, provenance, steps, module)
+
+    def _validated(self, family, problem: Problem, config: Config, kernel: TunedKernel,
+                   device: DeviceIdentity) -> bool:
+        """Check a kernel on a shape it was not tuned for, once; the verdict is stored."""
+        user_db = self.databases()[0]
+        digest = kernel.provenance["source_hash"]
+        known = user_db.validation(device, problem.family, problem.dtype, problem.shape_key, digest)
+        if known is not None:
+            return known.passed
+        from .measure import validate
+        import secrets
+
+        cupy = _cupy()
+        check = validate(family, problem, lambda inputs: kernel.launch(inputs), cupy,
+                         cupy.random.default_rng(secrets.randbits(63)))
+        cupy.cuda.get_current_stream().synchronize()
+        user_db.record_validation(device, ValidationRecord(
+            family=problem.family, dtype=problem.dtype, shape_key=problem.shape_key,
+            kernel_name=kernel.name, source_hash=digest, passed=check.ok,
+            error=check.error if check.ok else None, reason=check.reason))
+        return check.ok
+
+
+def _by_distance(family, problem: Problem, winners: list[WinnerRecord]) -> list[WinnerRecord]:
+    def distance(w: WinnerRecord) -> tuple:
+        other = Problem(problem.family, problem.dtype, parse_shape_key(w.trial.shape_key))
+        return (family.distance(problem, other), w.trial.shape_key, w.device.name)
+    return sorted(winners, key=distance)
+
+
+def _cupy():
+    from .gpu import require_cupy
+    return require_cupy()
+
+
+_default_dispatcher: Dispatcher | None = None
+_default_lock = threading.Lock()
+
+
+def default_dispatcher() -> Dispatcher:
+    global _default_dispatcher
+    if _default_dispatcher is None:
+        with _default_lock:
+            if _default_dispatcher is None:
+                _default_dispatcher = Dispatcher()
+    return _default_dispatcher
+
+
+def lookup(family: str, dtype: str | None = None, strict: bool = False, **dims: int) -> TunedKernel:
+    """The kernel autogen serves for `family` at this shape on the current GPU."""
+    return default_dispatcher().lookup(get_family(family).problem(dtype, **dims), strict)
+
+
+def call(family_name: str, args: tuple, kwargs: dict, stream=None):
+    """Bind the arguments, find (or reuse) the kernel for their shape, launch it."""
+    cupy = _cupy()
+    problem, inputs, result = get_family(family_name).bind(cupy, args, kwargs)
+    default_dispatcher().lookup(problem).launch(inputs, resolve_stream(cupy, stream, args))
+    return result
+
+
+_external_streams: dict[int, object] = {}
+
+
+def resolve_stream(cupy, stream, args: tuple):
+    """None means the current stream: CuPy's, or PyTorch's when the operands are torch tensors.
+    Also accepts a CuPy stream, a torch.cuda.Stream, or a raw cudaStream_t as an int."""
+    if stream is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not args or not isinstance(args[0], torch.Tensor):
+            return None
+        stream = torch.cuda.current_stream(args[0].device)
+    if isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
+        return stream
+    pointer = getattr(stream, "cuda_stream", stream)  # torch.cuda.Stream exposes cuda_stream
+    if not isinstance(pointer, int):
+        raise ArgumentError(f"stream must be a CuPy stream, a torch.cuda.Stream or an int handle, "
+                            f"got {type(stream).__name__}")
+    if pointer not in _external_streams:
+        _external_streams[pointer] = cupy.cuda.ExternalStream(pointer)
+    return _external_streams[pointer]
+
+
+__all__ = ["Dispatcher", "TunedKernel", "call", "default_dispatcher", "lookup", "resolve_stream"]

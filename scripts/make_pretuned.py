@@ -1,0 +1,47 @@
+"""Tune the README's shapes and the pre-tuned grid on this GPU, then write the shipped catalog.
+
+Usage (on the GPU machine): python3 scripts/make_pretuned.py --out DIR [--trials N]
+Writes DIR/pretuned_<gpu>.json (copy it to autogen/data/) and DIR/pretuned.db.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+GRID_M = (1024, 4096, 16384)
+GRID_N = (16, 32, 64, 128, 1024, 4096)
+README_SHAPES = ((16384, 16), (16384, 32), (16384, 128), (16384, 1024), (4096, 4096))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--db", help="reuse an existing database (shapes already tuned are resumed)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from tuning_db import TuningDB
+    from autogen.families import get_family
+    from autogen.pretuned import dump_catalog
+    from autogen.tuner import TuneOptions, tune
+
+    db_url = args.db or f"sqlite:///{args.out / 'pretuned.db'}"
+    family = get_family("sgemv")
+    shapes = sorted(set(README_SHAPES) | {(m, n) for m in GRID_M for n in GRID_N})
+    device = None
+    for m, n in shapes:
+        result = tune(family.problem(m=m, n=n), TuneOptions(trials=args.trials, db_url=db_url))
+        device = result.device
+    slug = re.sub(r"[^a-z0-9]+", "_", device.name.lower()).strip("_")
+    path = args.out / f"pretuned_{slug}.json"
+    count = dump_catalog(TuningDB(db_url), device.name, path)
+    print(f"wrote {count} winners to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

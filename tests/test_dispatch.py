@@ -1,0 +1,97 @@
+"""The dispatcher's fallback chain and the pre-tuned catalog, on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dbfixtures import A100, H100, H100_PCIE, store_winner
+from tuning_db import TuningDB
+
+from autogen import pretuned
+from autogen.dispatch import Dispatcher
+from autogen.errors import NotTunedError
+from autogen.families import get_family
+
+SGEMV = get_family("sgemv")
+
+
+@pytest.fixture
+def dispatcher(db_url, monkeypatch):
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    pretuned.pretuned_db.cache_clear()
+    db = TuningDB(db_url)
+    store_winner(db, H100, 16384, 16)
+    store_winner(db, H100, 4096, 4096)
+    store_winner(db, H100, 1024, 128)
+    store_winner(db, H100_PCIE, 16384, 32)  # same architecture, other GPU
+    store_winner(db, A100, 16384, 17)  # other architecture: never served on an H100
+    yield Dispatcher(db_url)
+    pretuned.pretuned_db.cache_clear()
+
+
+def chain(dispatcher, m, n, strict=False):
+    problem = SGEMV.problem(m=m, n=n)
+    return [(step, w.trial.shape_key if w else None, w.device.name if w else None)
+            for step, w in dispatcher._candidates(SGEMV, problem, H100, strict)]
+
+
+def test_exact_shape_comes_first(dispatcher):
+    steps = chain(dispatcher, 16384, 16)
+    assert steps[0] == ("exact", "m=16384,n=16", H100.name)
+    assert [s for s, _, _ in steps] == ["exact", "nearest", "nearest", "arch", "default"]
+
+
+def test_untuned_shape_goes_nearest_then_arch_then_default(dispatcher):
+    steps = chain(dispatcher, 8192, 16)
+    assert steps[0] == ("nearest", "m=16384,n=16", H100.name)  # one octave away in m
+    assert steps[1][1] == "m=1024,n=128" or steps[1][1] == "m=4096,n=4096"
+    assert steps[-2] == ("arch", "m=16384,n=32", H100_PCIE.name)
+    assert steps[-1] == ("default", None, None)
+    assert all(name != A100.name for _, _, name in steps)
+
+
+def test_nearest_is_ordered_by_log_distance(dispatcher):
+    shapes = [key for step, key, _ in chain(dispatcher, 2048, 256) if step == "nearest"]
+    assert shapes == ["m=1024,n=128", "m=4096,n=4096", "m=16384,n=16"]
+
+
+def test_strict_raises_instead_of_falling_back(dispatcher):
+    steps = dispatcher._candidates(SGEMV, SGEMV.problem(m=4096, n=4096), H100, True)
+    assert next(steps)[0] == "exact"
+    with pytest.raises(NotTunedError, match="not tuned"):
+        next(steps)  # strict: nothing after the exact match
+    with pytest.raises(NotTunedError, match="not tuned"):
+        chain(dispatcher, 4097, 4096, strict=True)
+
+
+def test_catalog_round_trip_and_user_db_first(tmp_path, monkeypatch, db_url):
+    source = TuningDB(tmp_path / "tuned.db")
+    store_winner(source, H100, 16384, 16, time_us=1.9)
+    store_winner(source, A100, 4096, 4096, time_us=30.0)
+    catalog = tmp_path / "pretuned_nvidia_h100_80gb_hbm3.json"
+    assert pretuned.dump_catalog(source, H100.name, catalog) == 1
+    assert json.loads(catalog.read_text())["entries"][0]["trial"]["time_us"] == 1.9
+
+    monkeypatch.setattr(pretuned, "CATALOG_DIR", tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("AUTOGEN_NO_PRETUNED", raising=False)
+    pretuned.pretuned_db.cache_clear()
+    try:
+        shipped = pretuned.pretuned_db()
+        assert shipped is not None and len(shipped.winners(gpu_name=H100.name)) == 1
+        user = TuningDB(db_url)
+        store_winner(user, H100, 16384, 16, time_us=1.5, params={**SGEMV.default_params, "unroll": 4})
+        dispatcher = Dispatcher(db_url)
+        first = next(dispatcher._candidates(SGEMV, SGEMV.problem(m=16384, n=16), H100, False))
+        assert first[0] == "exact" and first[1].trial.time_us == 1.5  # the user's own tuning wins
+    finally:
+        pretuned.pretuned_db.cache_clear()
+
+
+def test_catalog_with_an_unknown_format_is_refused(tmp_path, db_url):
+    bad = tmp_path / "pretuned_x.json"
+    bad.write_text(json.dumps({"format": 99, "entries": []}))
+    with pytest.raises(ValueError, match="unsupported catalog format"):
+        pretuned.load_catalog(TuningDB(db_url), bad)
