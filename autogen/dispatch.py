@@ -201,13 +201,25 @@ def resolve_stream(cupy, stream, args: tuple):
         stream = torch.cuda.current_stream(args[0].device)
     if isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
         return stream
-    pointer = getattr(stream, "cuda_stream", stream)  # torch.cuda.Stream exposes cuda_stream
-    if not isinstance(pointer, int):
-        raise ArgumentError(f"stream must be a CuPy stream, a torch.cuda.Stream or an int handle, "
-                            f"got {type(stream).__name__}")
-    if pointer not in _external_streams:
-        _external_streams[pointer] = cupy.cuda.ExternalStream(pointer)
-    return _external_streams[pointer]
+    if isinstance(stream, int):
+        stream = _StreamHandle(stream)
+    if not hasattr(stream, "__cuda_stream__"):
+        raise ArgumentError(f"stream must be a CuPy stream, a torch.cuda.Stream (or anything with "
+                            f"__cuda_stream__) or an int handle, got {type(stream).__name__}")
+    key = stream.__cuda_stream__()[1]
+    if key not in _external_streams:
+        _external_streams[key] = cupy.cuda.Stream.from_external(stream)
+    return _external_streams[key]
+
+
+class _StreamHandle:
+    """A raw cudaStream_t, presented through the CUDA stream protocol."""
+
+    def __init__(self, pointer: int):
+        self.pointer = pointer
+
+    def __cuda_stream__(self):
+        return (0, self.pointer)
 
 
 __all__ = ["Dispatcher", "TunedKernel", "call", "default_dispatcher", "lookup", "resolve_stream"]

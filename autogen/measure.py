@@ -38,8 +38,9 @@ class Check:
     reason: str = ""
 
 
-def relative_error(xp, out, ref) -> tuple[float, str]:
-    """Relative L2 error of `out` against float64 `ref`, and why it fails (empty if it may pass)."""
+def relative_error(xp, out, ref, magnitude=None) -> tuple[float, str]:
+    """L2 error of `out` against float64 `ref`, relative to ||magnitude|| (default ||ref||), and
+    why it fails (empty if it may pass)."""
     out64 = out.astype(xp.float64)
     finite_ref = xp.isfinite(ref)
     bad = int((~xp.isfinite(out64) & finite_ref).sum())
@@ -50,7 +51,8 @@ def relative_error(xp, out, ref) -> tuple[float, str]:
         return math.nan, f"{mismatched_special} outputs differ where the reference is NaN/inf"
     out64 = xp.where(finite_ref, out64, 0.0)
     ref = xp.where(finite_ref, ref, 0.0)
-    norm = float(xp.linalg.norm(ref))
+    scale = ref if magnitude is None else xp.where(finite_ref, magnitude, 0.0)
+    norm = float(xp.linalg.norm(scale))
     diff = float(xp.linalg.norm(out64 - ref))
     return (diff / norm if norm > 0 else diff), ""
 
@@ -61,8 +63,9 @@ def validate(family, problem, launch: Callable[[dict], None], xp, rng) -> Check:
     for case in family.validation_cases(problem):
         inputs = family.make_inputs(problem, xp, rng, case)
         expected = family.reference(problem, inputs, xp)  # before the launch overwrites outputs
+        magnitude = family.reference_magnitude(problem, inputs, xp)
         launch(inputs)
-        error, reason = relative_error(xp, inputs[family.output], expected)
+        error, reason = relative_error(xp, inputs[family.output], expected, magnitude)
         if reason:
             return Check(False, error, f"case {case}: {reason}")
         if not error <= family.tolerance:

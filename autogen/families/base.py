@@ -131,6 +131,13 @@ class Family:
         """The expected output in float64, computed with xp (numpy, or cupy on the GPU)."""
         raise NotImplementedError
 
+    def reference_magnitude(self, problem: Problem, inputs: dict, xp=np):
+        """The denominator of the relative error, or None for the reference itself. Families
+        whose outputs are sums of signed terms return the same sums of |terms|: that is the
+        scale floating-point rounding is proportional to, so a near-zero output by cancellation
+        (likely on tiny shapes) does not fail a correct kernel."""
+        return None
+
     def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
         """The fewest bytes one launch must move through device memory."""
         raise NotImplementedError
@@ -154,7 +161,7 @@ def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int):
         array = obj
     elif hasattr(obj, "__cuda_array_interface__"):
         array = cupy.asarray(obj)
-    elif hasattr(obj, "__dlpack__"):
+    elif hasattr(obj, "__dlpack__") and _on_cuda(obj):
         array = cupy.from_dlpack(obj)
     else:
         raise ArgumentError(f"{name} must be a CUDA array (CuPy, PyTorch, or anything with "
@@ -169,6 +176,14 @@ def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int):
     if array.data.device_id != device:
         raise ArgumentError(f"{name} is on GPU {array.data.device_id}, but the current device is GPU {device}")
     return array
+
+
+def _on_cuda(obj) -> bool:
+    # DLPack device types: 2 = CUDA, 13 = CUDA managed. A host array (NumPy) is refused.
+    try:
+        return obj.__dlpack_device__()[0] in (2, 13)
+    except Exception:
+        return False
 
 
 def new_output(cupy, like, shape: tuple[int, ...], dtype: str):

@@ -97,6 +97,13 @@ class Sgemv(Family):
             result += inputs["beta"] * inputs["y"].astype(xp.float64)
         return result
 
+    def reference_magnitude(self, problem: Problem, inputs: dict, xp=np):
+        A, x = xp.abs(inputs["A"].astype(xp.float64)), xp.abs(inputs["x"].astype(xp.float64))
+        result = abs(inputs["alpha"]) * (A @ x)
+        if inputs["beta"] != 0.0:
+            result += abs(inputs["beta"]) * xp.abs(inputs["y"].astype(xp.float64))
+        return result
+
     def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
         m, n = problem["m"], problem["n"]
         reads_y = case is not None and case.get("beta", 0.0) != 0.0
@@ -106,25 +113,18 @@ class Sgemv(Family):
         return 2 * problem["m"] * problem["n"]
 
     def peer(self, problem: Problem) -> Peer | None:
-        """cuBLAS sgemv through CuPy's cuBLAS bindings. CuPy's high-level cupy.cublas.gemv refuses
-        to run under stream capture, so the same routine is called on a handle of our own, bound
-        to the current stream, with host-side alpha/beta (captured by value into the graph)."""
         try:
-            from cupy_backends.cuda.libs import cublas
             import cupy
-        except ImportError:  # no cuBLAS library on this machine
+            from ..cublas_capture import CublasHandle
+            handle = CublasHandle()
+        except Exception:  # no cuBLAS library on this machine
             return None
-        handle = cublas.create()
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         m, n = problem["m"], problem["n"]
 
         def run(inputs: dict) -> None:
-            alpha = np.array(inputs["alpha"], dtype=np.float32)
-            beta = np.array(inputs["beta"], dtype=np.float32)
-            cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
-            # Row-major A (m x n) is column-major A^T (n x m): y = op(A^T) x with op = transpose.
-            cublas.sgemv(handle, cublas.CUBLAS_OP_T, n, m, alpha.ctypes.data, inputs["A"].data.ptr, n,
-                         inputs["x"].data.ptr, 1, beta.ctypes.data, inputs["y"].data.ptr, 1)
+            handle.sgemv_row_major(cupy.cuda.get_current_stream().ptr, m, n, inputs["alpha"],
+                                   inputs["A"].data.ptr, inputs["x"].data.ptr, inputs["beta"],
+                                   inputs["y"].data.ptr)
 
         return Peer("cuBLAS sgemv", run)
 

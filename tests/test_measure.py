@@ -1,0 +1,61 @@
+"""Validation logic on the CPU: numpy stands in for the GPU (validate is xp-generic)."""
+
+import numpy as np
+
+from autogen.families import get_family
+from autogen.measure import Timing, relative_error, validate
+
+SGEMV = get_family("sgemv")
+
+
+def numpy_sgemv(inputs, skip_last_row=False, read_y_when_beta_zero=False):
+    A, x, y = inputs["A"], inputs["x"], inputs["y"]
+    rows = A.shape[0] - (1 if skip_last_row else 0)
+    result = inputs["alpha"] * (A[:rows] @ x)
+    if inputs["beta"] != 0.0 or read_y_when_beta_zero:
+        result = result + inputs["beta"] * y[:rows]
+    y[:rows] = result
+
+
+def test_a_correct_kernel_passes_every_case():
+    check = validate(SGEMV, SGEMV.problem(m=100, n=37), numpy_sgemv, np, np.random.default_rng(0))
+    assert check.ok and check.error < 1e-6
+
+
+def test_an_unwritten_row_is_caught_by_the_poison():
+    check = validate(SGEMV, SGEMV.problem(m=100, n=37), lambda i: numpy_sgemv(i, skip_last_row=True),
+                     np, np.random.default_rng(0))
+    assert not check.ok and "1 of 100 outputs are NaN" in check.reason
+
+
+def test_reading_y_when_beta_is_zero_is_caught():
+    # 0 * NaN is NaN: a kernel that reads y although beta = 0 leaks the poison.
+    check = validate(SGEMV, SGEMV.problem(m=10, n=3), lambda i: numpy_sgemv(i, read_y_when_beta_zero=True),
+                     np, np.random.default_rng(0))
+    assert not check.ok and "NaN" in check.reason
+
+
+def test_a_slightly_wrong_result_fails_the_tolerance():
+    def off_by_a_little(inputs):
+        numpy_sgemv(inputs)
+        inputs["y"][3] += 1e-3
+
+    check = validate(SGEMV, SGEMV.problem(m=64, n=64), off_by_a_little, np, np.random.default_rng(0))
+    assert not check.ok and "relative L2 error" in check.reason
+
+
+def test_relative_error_handles_special_values():
+    ref = np.array([1.0, np.nan, -np.inf])
+    assert relative_error(np, np.array([1.0, np.nan, -np.inf], np.float32), ref)[1] == ""
+    assert "differ where the reference is NaN/inf" in relative_error(np, np.array([1.0, 0.0, -np.inf]), ref)[1]
+    assert "outputs are NaN/inf" in relative_error(np, np.array([np.nan, np.nan, -np.inf]), ref)[1]
+
+
+def test_magnitude_is_the_denominator_when_given():
+    error, _ = relative_error(np, np.array([1e-6]), np.array([0.0]), magnitude=np.array([1.0]))
+    assert error == 1e-6  # cancellation to zero does not blow the error up
+
+
+def test_timing_summary():
+    timing = Timing((3.0, 1.0, 2.0))
+    assert timing.median_us == 2.0 and timing.spread_us == 2.0
