@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import multiprocessing
-import os
 import re
 import statistics
 import sys
@@ -19,13 +17,14 @@ from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 
 from . import __version__
-from .compile import compile_cubin, compile_options
+from .backend import GpuBackend
+from .compile import compile_options
 from .errors import CompileError, UsageError
 from .families import get_family
 from .problem import Config, Problem
 from .render import render, source_hash
 from .search import PENALTY_US, SAMPLERS, create_study, distributions
-from .worker import IsolatedEvaluator, WorkSpec, default_workers
+from .worker import WorkSpec, default_workers
 
 # Two variants whose medians differ by less than this are a tie: the simpler name wins.
 TIE_FRACTION = 0.01
@@ -44,6 +43,7 @@ class TuneOptions:
     retime_rounds: int = 7
     eval_timeout_s: float = 60.0
     warm_start: bool = True
+    stop_at_us: float | None = None  # stop searching once a variant is at least this fast
     family_module: str | None = None  # test aid: module registering extra families
 
 
@@ -79,7 +79,8 @@ class _Pending:
 
 
 class Tuner:
-    def __init__(self, problem: Problem, options: TuneOptions, progress: Callable[[str], None] = _log):
+    def __init__(self, problem: Problem, options: TuneOptions, progress: Callable[[str], None] = _log,
+                 backend_factory=GpuBackend):
         if options.sampler not in SAMPLERS:
             raise UsageError(f"unknown sampler {options.sampler!r}; choose one of {', '.join(SAMPLERS)}")
         if options.trials < 1:
@@ -90,6 +91,7 @@ class Tuner:
         self.family = get_family(problem.family)
         self.options = options
         self.progress = progress
+        self.backend_factory = backend_factory  # tests pass autogen.testing.replay.ReplayBackend
         self.db = TuningDB(options.db_url)
         self.result: TuneResult | None = None
 
@@ -98,25 +100,18 @@ class Tuner:
         started = time.monotonic()
         spec = WorkSpec(self.problem.family, self.problem.dtype, self.problem.dims,
                         self.options.cache_mode, self.options.family_module)
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(self.options.workers, mp_context=context) as pool:
-            # Warm the compile pool while the GPU worker starts (CUDA context creation).
-            pool.submit(os.getpid)
-            evaluator = IsolatedEvaluator(spec, self.options.eval_timeout_s)
-            try:
-                self._check_fits(evaluator.free_bytes)
-                self.device = evaluator.device
-                self.arch = self.device.arch
-                self.result = TuneResult(self.problem, self.device, None,
-                                         self.family.bytes_moved(self.problem, self.family.timing_case(self.problem)),
-                                         self.family.flops(self.problem), db_url=self.db.url)
-                self.progress(f"tuning {self.problem} on {self.device.name} ({self.arch}), "
-                              f"{self.options.sampler} sampler, {self.options.trials} trials, {self.options.cache_mode} cache")
-                self._search(pool, evaluator, started)
-                self._finish(pool, evaluator)
-                self.result.worker_restarts = evaluator.restarts
-            finally:
-                evaluator.close()
+        with self.backend_factory(spec, self.options.workers, self.options.eval_timeout_s) as backend:
+            self._check_fits(backend.free_bytes)
+            self.device = backend.device
+            self.arch = self.device.arch
+            self.result = TuneResult(self.problem, self.device, None,
+                                     self.family.bytes_moved(self.problem, self.family.timing_case(self.problem)),
+                                     self.family.flops(self.problem), db_url=self.db.url)
+            self.progress(f"tuning {self.problem} on {self.device.name} ({self.arch}), "
+                          f"{self.options.sampler} sampler, {self.options.trials} trials, {self.options.cache_mode} cache")
+            self._search(backend, started)
+            self._finish(backend)
+            self.result.worker_restarts = backend.evaluator.restarts
         self.result.wall_s = time.monotonic() - started
         return self.result
 
@@ -146,7 +141,7 @@ class Tuner:
                 points.insert(0, dict(winner.trial.params))
         return points
 
-    def _search(self, pool, evaluator: IsolatedEvaluator, started: float) -> None:
+    def _search(self, backend, started: float) -> None:
         stored = self._stored_trials()
         self.stored = stored
         measured = {name: (t.params, t.time_us if t.status == "ok" else PENALTY_US)
@@ -170,6 +165,9 @@ class Tuner:
         def budget_left() -> bool:
             if self.options.timeout_s is not None and time.monotonic() - started > self.options.timeout_s:
                 return False
+            if self.options.stop_at_us is not None and any(
+                    t.status == "ok" and t.time_us <= self.options.stop_at_us for t in stored.values()):
+                return False
             return launched < self.options.trials and asked < 50 * self.options.trials
 
         while True:
@@ -180,7 +178,7 @@ class Tuner:
                 if outcome is None:
                     continue
                 config, name, source = outcome
-                future = pool.submit(compile_cubin, source, self.arch)
+                future = backend.compile(source, self.arch)
                 entry = _Pending([trial], config, name, source, future)
                 pending.append(entry)
                 in_flight[name] = entry
@@ -188,7 +186,7 @@ class Tuner:
             if not pending:
                 break
             entry = pending.popleft()
-            record = self._evaluate(entry, evaluator)
+            record = self._evaluate(entry, backend.evaluator)
             del in_flight[entry.name]
             stored[entry.name] = record
             by_body[_body_hash(entry.source, entry.name)] = entry.name
@@ -225,7 +223,7 @@ class Tuner:
             return None
         return config, name, source
 
-    def _evaluate(self, entry: _Pending, evaluator: IsolatedEvaluator) -> TrialRecord:
+    def _evaluate(self, entry: _Pending, evaluator) -> TrialRecord:
         options = " ".join(compile_options(self.arch))
         base = dict(family=self.problem.family, dtype=self.problem.dtype, shape_key=self.problem.shape_key,
                     kernel_name=entry.name, params=entry.config.as_dict(),
@@ -263,7 +261,8 @@ class Tuner:
             self.progress(f"[{done}/{self.options.trials}] {record.kernel_name}: FAILED {record.reason[:160]}")
 
     # --- the winner -----------------------------------------------------------------------
-    def _finish(self, pool, evaluator: IsolatedEvaluator) -> None:
+    def _finish(self, backend) -> None:
+        evaluator = backend.evaluator
         peer = None
         try:
             peer = evaluator.call("time_peer")
@@ -277,23 +276,23 @@ class Tuner:
         if not ok:
             self.progress("no variant passed validation; nothing stored as winner")
             return
-        finalists = self._retime(pool, evaluator, ok[: self.options.top_k])
+        finalists = self._retime(backend, ok[: self.options.top_k])
         winner, margin = pick_winner(finalists)
         peer_name, peer_time = (peer[0], statistics.median(peer[1])) if peer else ("", None)
         self.result.candidates = finalists
         self.result.winner = self.db.set_winner(self.device, winner, peer_name=peer_name, peer_time_us=peer_time,
                                                 margin=margin, autogen_version=__version__)
 
-    def _retime(self, pool, evaluator: IsolatedEvaluator, best: list[TrialRecord]) -> list[TrialRecord]:
+    def _retime(self, backend, best: list[TrialRecord]) -> list[TrialRecord]:
         if len(best) < 2:
             return best
         cubins = {}
         for trial in best:
             config = self.family.space.check(trial.params)
-            cubins[trial.kernel_name] = pool.submit(compile_cubin, render(self.family, self.problem.dtype, config),
-                                                    self.arch).result()
+            cubins[trial.kernel_name] = backend.compile(render(self.family, self.problem.dtype, config),
+                                                        self.arch).result()
         try:
-            samples = evaluator.call("retime", [(t.kernel_name, cubins[t.kernel_name], t.params) for t in best],
+            samples = backend.evaluator.call("retime", [(t.kernel_name, cubins[t.kernel_name], t.params) for t in best],
                                      self.options.retime_rounds, timeout_s=10 * self.options.eval_timeout_s)
         except Exception as exc:
             self.progress(f"interleaved re-timing failed ({exc}); keeping the search timings")

@@ -23,7 +23,8 @@ export AUTOGEN_CACHE_DIR=${AUTOGEN_CACHE_DIR:-$out/kernel-cache}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$out/gpu.txt" 2>&1
 # Stages (default: all): tests, pretuned (tune the shipped grid), bench (sgemv vs cuBLAS),
-# dispatch (dispatcher overhead and regret), families (reduce/softmax benchmarks).
+# dispatch (dispatcher overhead and regret), families (reduce/softmax benchmarks), quality
+# (search strategies against exhaustive search).
 stages=${STAGES:-tests pretuned bench dispatch families}
 grid_db=${GRID_DB:-sqlite:///$out/pretuned.db}
 status=0
@@ -34,6 +35,7 @@ for stage in $stages; do
     bench) python3 scripts/bench_sgemv.py --out "$out" --db "$grid_db" 2>&1 | tee "$out/bench.log" || status=1 ;;
     dispatch) python3 scripts/bench_dispatch.py --db "$grid_db" --out "$out" 2>&1 | tee "$out/dispatch.log" || status=1 ;;
     families) python3 scripts/bench_reduce_softmax.py --out "$out" 2>&1 | tee "$out/families.log" || status=1 ;;
+    quality) python3 scripts/search_quality.py --out "$out" --grid-db "$grid_db" 2>&1 | tee "$out/quality.log" || status=1 ;;
     *) echo "unknown stage $stage" >&2; status=1 ;;
   esac
 done

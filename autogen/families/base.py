@@ -47,6 +47,7 @@ class Family:
 
     name: str
     template: str  # file name under templates/
+    template_source: str | None = None  # inline template text instead (test-only families)
     dims: tuple[str, ...]  # dimension names in order, e.g. ("m", "n")
     dtypes: tuple[str, ...]  # supported dtype names, e.g. ("float32",)
     space: Space

@@ -1,0 +1,53 @@
+"""The seam between the tuning loop and the machine: compile ahead, evaluate on the GPU.
+
+GpuBackend is the real one: NVRTC compiles in a pool of worker processes (one per core) while
+an isolated child process validates and times earlier variants on the GPU. Tests of search and
+storage swap in autogen.testing.replay.ReplayBackend, which replays timings recorded on a GPU.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+
+from .compile import compile_cubin
+from .worker import IsolatedEvaluator, WorkSpec
+
+
+class GpuBackend:
+    def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float):
+        self.spec = spec
+        self.workers = workers
+        self.eval_timeout_s = eval_timeout_s
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.evaluator: IsolatedEvaluator | None = None
+
+    def __enter__(self) -> "GpuBackend":
+        context = multiprocessing.get_context("spawn")
+        self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
+        # Start the compile workers while the GPU worker creates its CUDA context.
+        for _ in range(self.workers):
+            self._pool.submit(os.getpid)
+        try:
+            self.evaluator = IsolatedEvaluator(self.spec, self.eval_timeout_s)
+        except BaseException:
+            self._pool.shutdown(cancel_futures=True)
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()
+        self._pool.shutdown(cancel_futures=True)
+
+    @property
+    def device(self):
+        return self.evaluator.device
+
+    @property
+    def free_bytes(self) -> int:
+        return self.evaluator.free_bytes
+
+    def compile(self, source: str, arch: str) -> concurrent.futures.Future:
+        return self._pool.submit(compile_cubin, source, arch)

@@ -1,0 +1,108 @@
+"""TEST AID: a backend that replays timings recorded on a real GPU.
+
+Like Kernel Tuner's simulation runner, it lets the search loop, resumption and storage run in CI
+without a GPU: "compiling" returns the source text, and "evaluating" a variant returns the
+samples recorded for its kernel name (or the failure recorded for it). It is never a default and
+never the source of a reported figure; recordings are written by `record()` from a database
+filled by a real tuning run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+from pathlib import Path
+
+from tuning_db import TuningDB
+from tuning_db.records import DeviceIdentity
+
+from ..problem import Problem
+from ..worker import Outcome, WorkerError
+
+RECORDING_FORMAT = 1
+
+
+def record(db: TuningDB, device: DeviceIdentity, problem: Problem, path: Path) -> int:
+    """Write every trial stored for `problem` on `device` as a recording; returns the count."""
+    trials = db.trials(device, problem.family, problem.dtype, problem.shape_key, "cold")
+    winner = db.winner(device, problem.family, problem.dtype, problem.shape_key)
+    document = {
+        "format": RECORDING_FORMAT,
+        "device": dataclasses.asdict(device),
+        "problem": {"family": problem.family, "dtype": problem.dtype, "shape_key": problem.shape_key},
+        "peer": {"name": winner.peer_name, "time_us": winner.peer_time_us} if winner else None,
+        "trials": {t.kernel_name: {"status": t.status, "reason": t.reason, "samples_us": list(t.samples_us),
+                                   "error": t.error} for t in trials if t.status != "rejected"},
+    }
+    path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    return len(document["trials"])
+
+
+class ReplayEvaluator:
+    """Answers the calls the tuner makes of a GPU evaluator, from a recording."""
+
+    def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset()):
+        self.recording = recording
+        self.crash_on = crash_on  # kernel names whose evaluation kills the "worker"
+        self.restarts = 0
+        self.evaluated: list[str] = []
+
+    def evaluate(self, kernel_name: str, cubin: bytes, params: dict) -> Outcome:
+        assert kernel_name.encode() in cubin, "the source handed over is not this variant's"
+        self.evaluated.append(kernel_name)
+        if kernel_name in self.crash_on:
+            self.restarts += 1
+            return Outcome(kernel_name, "failed", "GPU worker died in evaluate (exit code -9)")
+        entry = self.recording["trials"].get(kernel_name)
+        if entry is None:
+            return Outcome(kernel_name, "failed", "not in the recording")
+        if entry["status"] != "ok":
+            return Outcome(kernel_name, "failed", entry["reason"] or "failed when recorded")
+        return Outcome(kernel_name, "ok", "", entry["error"], tuple(entry["samples_us"]))
+
+    def call(self, method: str, *args, timeout_s: float | None = None):
+        if method == "time_peer":
+            peer = self.recording.get("peer")
+            return (peer["name"], (peer["time_us"],) * 3) if peer and peer["time_us"] else None
+        if method == "copy_bandwidth_gbs":
+            return 3000.0
+        if method == "retime":
+            candidates, rounds = args
+            return {name: tuple(self.recording["trials"][name]["samples_us"][:rounds])
+                    for name, _cubin, _params in candidates}
+        raise WorkerError(f"ReplayEvaluator has no {method}")
+
+
+class ReplayBackend:
+    """Drop-in for autogen.backend.GpuBackend: Tuner(..., backend_factory=ReplayBackend.factory(doc))."""
+
+    def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset()):
+        if recording.get("format") != RECORDING_FORMAT:
+            raise ValueError(f"unsupported recording format {recording.get('format')!r}")
+        self.device = DeviceIdentity(**recording["device"])
+        self.free_bytes = 80 * 2**30
+        self.evaluator = ReplayEvaluator(recording, crash_on)
+        self.compiled: list[str] = []
+
+    @classmethod
+    def factory(cls, recording: dict, crash_on: frozenset[str] = frozenset()):
+        def make(_spec, _workers, _eval_timeout_s):
+            return cls(recording, crash_on)
+        return make
+
+    def __enter__(self) -> "ReplayBackend":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass
+
+    def compile(self, source: str, arch: str) -> concurrent.futures.Future:
+        self.compiled.append(source)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(source.encode())
+        return future
+
+
+def load(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
