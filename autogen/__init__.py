@@ -11,8 +11,19 @@ __version__ = "0.1.0"
 
 def sgemv(A, x, alpha=1.0, beta=0.0, y=None, *, stream=None):
     """y = alpha * A x + beta * y with the best kernel autogen has for this GPU and shape."""
-    from .dispatch import call
-    return call("sgemv", (A, x), {"alpha": alpha, "beta": beta, "y": y}, stream)
+    return _dispatch().call("sgemv", (A, x), {"alpha": alpha, "beta": beta, "y": y}, stream)
+
+
+def _dispatch():
+    # Imported on first use: `import autogen` needs neither CuPy nor a database.
+    global _dispatch_module
+    if _dispatch_module is None:
+        from . import dispatch
+        _dispatch_module = dispatch
+    return _dispatch_module
+
+
+_dispatch_module = None
 
 
 def lookup(family, dtype=None, strict=False, **dims):

@@ -20,7 +20,7 @@ from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
 
 from .errors import ArgumentError, NotTunedError
-from .families import get_family
+from .families import FAMILIES, get_family
 from .problem import Config, Problem, parse_shape_key
 from .render import render, source_hash
 
@@ -157,9 +157,16 @@ def _by_distance(family, problem: Problem, winners: list[WinnerRecord]) -> list[
     return sorted(winners, key=distance)
 
 
+_CUPY = None
+
+
 def _cupy():
-    from .gpu import require_cupy
-    return require_cupy()
+    # Checked once per process: the hot path must not ask the driver for its device count.
+    global _CUPY
+    if _CUPY is None:
+        from .gpu import require_cupy
+        _CUPY = require_cupy()
+    return _CUPY
 
 
 _default_dispatcher: Dispatcher | None = None
@@ -182,9 +189,10 @@ def lookup(family: str, dtype: str | None = None, strict: bool = False, **dims: 
 
 def call(family_name: str, args: tuple, kwargs: dict, stream=None):
     """Bind the arguments, find (or reuse) the kernel for their shape, launch it."""
-    cupy = _cupy()
-    problem, inputs, result = get_family(family_name).bind(cupy, args, kwargs)
-    default_dispatcher().lookup(problem).launch(inputs, resolve_stream(cupy, stream, args))
+    cupy = _CUPY or _cupy()
+    problem, inputs, result = FAMILIES[family_name].bind(cupy, args, kwargs)
+    dispatcher = _default_dispatcher or default_dispatcher()
+    dispatcher.lookup(problem).launch(inputs, resolve_stream(cupy, stream, args))
     return result
 
 
@@ -195,8 +203,10 @@ def resolve_stream(cupy, stream, args: tuple):
     """None means the current stream: CuPy's, or PyTorch's when the operands are torch tensors.
     Also accepts a CuPy stream, a torch.cuda.Stream, or a raw cudaStream_t as an int."""
     if stream is None:
+        if type(args[0]) is cupy.ndarray:  # the common case, decided without touching torch
+            return None
         torch = sys.modules.get("torch")
-        if torch is None or not args or not isinstance(args[0], torch.Tensor):
+        if torch is None or not isinstance(args[0], torch.Tensor):
             return None
         stream = torch.cuda.current_stream(args[0].device)
     if isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):

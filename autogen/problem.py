@@ -17,6 +17,19 @@ class Problem:
     dtype: str
     dims: tuple[tuple[str, int], ...]  # ordered (name, size) pairs, the family's dimension order
 
+    def __hash__(self) -> int:
+        # Problems key the dispatcher's cache on every call: hash once, not per lookup.
+        try:
+            return self._hash
+        except AttributeError:
+            value = hash((self.family, self.dtype, self.dims))
+            object.__setattr__(self, "_hash", value)
+            return value
+
+    def __reduce__(self):
+        # String hashes differ between processes: never carry the cached one across a pickle.
+        return (Problem, (self.family, self.dtype, self.dims))
+
     @property
     def shape(self) -> dict[str, int]:
         return dict(self.dims)

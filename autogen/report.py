@@ -33,6 +33,7 @@ def tune_summary(result) -> dict:
         "trials": {"measured": result.measured, "failed": result.failed, "rejected": result.rejected,
                    "reused": result.reused, "worker_restarts": result.worker_restarts},
         "wall_s": round(result.wall_s, 2),
+        "phases_s": result.phases_s,
         "database": result.db_url,
         "winner": None,
     }

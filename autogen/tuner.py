@@ -61,6 +61,7 @@ class TuneResult:
     worker_restarts: int = 0
     wall_s: float = 0.0
     copy_gbs: float | None = None  # measured device-to-device copy bandwidth (read + write)
+    phases_s: dict = field(default_factory=dict)  # startup, search, finish
     db_url: str = ""
     candidates: list[TrialRecord] = field(default_factory=list)
 
@@ -109,10 +110,15 @@ class Tuner:
                                      self.family.flops(self.problem), db_url=self.db.url)
             self.progress(f"tuning {self.problem} on {self.device.name} ({self.arch}), "
                           f"{self.options.sampler} sampler, {self.options.trials} trials, {self.options.cache_mode} cache")
+            ready = time.monotonic()
             self._search(backend, started)
+            searched = time.monotonic()
             self._finish(backend)
             self.result.worker_restarts = backend.evaluator.restarts
         self.result.wall_s = time.monotonic() - started
+        self.result.phases_s = {"startup": round(ready - started, 2), "search": round(searched - ready, 2),
+                                "finish": round(time.monotonic() - searched, 2)}
+        self.progress("wall time " + ", ".join(f"{k} {v:.1f} s" for k, v in self.result.phases_s.items()))
         return self.result
 
     def _check_fits(self, free_bytes: int) -> None:
@@ -194,8 +200,13 @@ class Tuner:
             for trial in entry.trials:
                 study.tell(trial, value)
             self._report_trial(record, launched)
-        if self.options.sampler == "exhaustive" and launched >= self.options.trials:
+        if self.options.sampler == "exhaustive" and self._unmeasured(exhaustive, stored):
             self.progress("note: the trial budget ended the exhaustive search early (raise --trials)")
+
+    def _unmeasured(self, points: list[dict], stored: dict) -> int:
+        configs = (self.family.space.check(p) for p in points)
+        return sum(1 for c in configs if self.family.kernel_name(self.problem.dtype, c) not in stored
+                   and not self.family.reject_reason(self.problem, c))
 
     def _classify(self, trial, stored, in_flight, by_body):
         """Reject, reuse or accept an asked trial; returns (config, name, source) to compile."""

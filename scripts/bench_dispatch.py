@@ -60,9 +60,23 @@ def host_overhead(db_url: str, calls: int = 20000) -> dict:
         return statistics.median(samples)
 
     bare_us, dispatched_us = per_call(bare), per_call(dispatched)
+    profile_hot_path(dispatched)
     return {"shape": f"{m}x{n}", "kernel": kernel.name, "served_by": kernel.served_by,
             "bare_rawkernel_us": round(bare_us, 3), "autogen_sgemv_us": round(dispatched_us, 3),
             "ratio": round(dispatched_us / bare_us, 3)}
+
+
+def profile_hot_path(fn, calls: int = 5000) -> None:
+    """Where the host time of a dispatched call goes (printed; kept for the notes)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
 
 
 def regret(db_url: str, out: Path, trials: int) -> list[dict]:

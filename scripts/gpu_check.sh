@@ -19,7 +19,8 @@ if ! python3 -c 'import optuna, sqlalchemy, alembic' 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
-export AUTOGEN_CACHE_DIR=${AUTOGEN_CACHE_DIR:-$out/kernel-cache}
+# Kept out of OUT_DIR: only a few files come back from the device machine.
+export AUTOGEN_CACHE_DIR=${AUTOGEN_CACHE_DIR:-/tmp/autogen-kernel-cache}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$out/gpu.txt" 2>&1
 # Stages (default: all): tests, pretuned (tune the shipped grid), bench (sgemv vs cuBLAS),

@@ -19,9 +19,10 @@ extern "C" __global__ void {{ kernel_name }}(const float* x, float* y, int n)
     // Write far outside any allocation: an illegal address poisons the CUDA context.
     if (i == 0) ((float*)0x10)[threadIdx.x] = 1.0f;
 {% elif behaviour == "hang" %}
-    // Never finish: the tuner must give up on it after its deadline.
-    volatile int spin = 1;
-    while (spin) { }
+    // Never finish (clock64 is volatile, so the loop cannot be optimised away): the tuner must
+    // give up on it after its deadline.
+    const long long start = clock64();
+    while (clock64() - start >= 0) { }
 {% endif %}
     if (i < n) y[i] = 2.0f * x[i];
 }

@@ -155,9 +155,9 @@ class Family:
         raise NotImplementedError(f"{self.name} has no Python call API")
 
 
-def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int):
+def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int, device: int):
     """A CuPy view of a caller's CUDA array (CuPy, PyTorch, __cuda_array_interface__ or DLPack),
-    checked for dtype, rank, layout and device; errors name the argument."""
+    checked for dtype, rank, layout and device (the current one); errors name the argument."""
     if type(obj) is cupy.ndarray:
         array = obj
     elif hasattr(obj, "__cuda_array_interface__"):
@@ -167,13 +167,12 @@ def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int):
     else:
         raise ArgumentError(f"{name} must be a CUDA array (CuPy, PyTorch, or anything with "
                             f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}")
-    if array.dtype.name not in dtypes:
-        raise ArgumentError(f"{name} must have dtype {' or '.join(dtypes)}, got {array.dtype.name}")
     if array.ndim != ndim:
         raise ArgumentError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
-    if not array.flags.c_contiguous:
+    if array.dtype.name not in dtypes:
+        raise ArgumentError(f"{name} must have dtype {' or '.join(dtypes)}, got {array.dtype.name}")
+    if not array._c_contiguous:  # CuPy's own flag; .flags builds an object on every call
         raise ArgumentError(f"{name} must be C-contiguous (row-major, no strides)")
-    device = cupy.cuda.runtime.getDevice()
     if array.data.device_id != device:
         raise ArgumentError(f"{name} is on GPU {array.data.device_id}, but the current device is GPU {device}")
     return array

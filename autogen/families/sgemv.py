@@ -9,7 +9,7 @@ from ..space import Param, Space
 import functools
 
 from ..errors import ArgumentError
-from .base import Family, Launch, Peer, device_array, new_output, random_uniform
+from .base import Family, Launch, Peer, Step, device_array, new_output, random_uniform
 
 
 def _row_fits_block(p) -> str | None:
@@ -91,6 +91,16 @@ class Sgemv(Family):
         return (inputs["A"], inputs["x"], inputs["y"], np.int32(problem["m"]), np.int32(problem["n"]),
                 np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
 
+    def plan(self, problem: Problem, config: Config) -> list[Step]:
+        # The shape arguments are fixed per plan: build them once, not on every dispatched call.
+        m, n = np.int32(problem["m"]), np.int32(problem["n"])
+
+        def args(inputs: dict) -> tuple:
+            return (inputs["A"], inputs["x"], inputs["y"], m, n,
+                    np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
+
+        return [Step("", self.launch(problem, config), args)]
+
     def reference(self, problem: Problem, inputs: dict, xp=np):
         result = inputs["alpha"] * (inputs["A"].astype(xp.float64) @ inputs["x"].astype(xp.float64))
         if inputs["beta"] != 0.0:
@@ -131,19 +141,20 @@ class Sgemv(Family):
     def bind(self, cupy, args: tuple, kwargs: dict):
         """autogen.sgemv(A, x, alpha=1.0, beta=0.0, y=None) -> y"""
         A, x, alpha, beta, y = _sgemv_arguments(*args, **kwargs)
-        a = device_array(cupy, A, "A", self.dtypes, 2)
+        device = cupy.cuda.runtime.getDevice()
+        a = device_array(cupy, A, "A", self.dtypes, 2, device)
         m, n = a.shape
-        xv = device_array(cupy, x, "x", self.dtypes, 1)
+        xv = device_array(cupy, x, "x", self.dtypes, 1, device)
         if xv.shape[0] != n:
             raise ArgumentError(f"x has length {xv.shape[0]}, but A has {n} columns")
         if y is None:
             if beta != 0.0:
                 raise ArgumentError("beta != 0 needs y: it scales the y that is given")
             y = new_output(cupy, A, (m,), "float32")
-        yv = device_array(cupy, y, "y", self.dtypes, 1)
+        yv = device_array(cupy, y, "y", self.dtypes, 1, device)
         if yv.shape[0] != m:
             raise ArgumentError(f"y has length {yv.shape[0]}, but A has {m} rows")
-        inputs = {"A": a, "x": xv, "y": yv, "alpha": float(alpha), "beta": float(beta)}
+        inputs = {"A": a, "x": xv, "y": yv, "alpha": alpha, "beta": beta}
         return self._problem_of(m, n), inputs, y
 
     @functools.lru_cache(maxsize=1024)
