@@ -40,3 +40,4 @@ def _isolated_caches(tmp_path_factory, monkeypatch):
     # Never touch the user's database or kernel cache from a test.
     monkeypatch.setenv("AUTOGEN_DB", f"sqlite:///{tmp_path_factory.mktemp('db') / 'default.db'}")
     monkeypatch.setenv("AUTOGEN_CACHE_DIR", str(tmp_path_factory.mktemp("kernels")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
