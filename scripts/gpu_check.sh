@@ -34,7 +34,7 @@ for stage in $stages; do
     tests) python3 -m pytest -m gpu -q -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1 ;;
     pretuned) python3 scripts/make_pretuned.py --out "$out" --db "$grid_db" 2>&1 | tail -n 3 | tee "$out/pretuned.log" || status=1 ;;
     bench) python3 scripts/bench_sgemv.py --out "$out" --db "$grid_db" 2>&1 | tee "$out/bench.log" || status=1 ;;
-    dispatch) python3 scripts/bench_dispatch.py --db "$grid_db" --out "$out" 2>&1 | tee "$out/dispatch.log" || status=1 ;;
+    dispatch) python3 scripts/bench_dispatch.py --db "$grid_db" --out "$out" ${DISPATCH_ARGS:-} 2>&1 | tee "$out/dispatch.log" || status=1 ;;
     families) python3 scripts/bench_reduce_softmax.py --out "$out" 2>&1 | tee "$out/families.log" || status=1 ;;
     quality) python3 scripts/search_quality.py --out "$out" --grid-db "$grid_db" 2>&1 | tee "$out/quality.log" || status=1 ;;
     *) echo "unknown stage $stage" >&2; status=1 ;;
