@@ -81,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true")
     _add_db_arg(show)
 
+    export = commands.add_parser("export", help="write the tuned kernels as standalone CUDA C++ with build files")
+    export.add_argument("family", help=f"kernel family: {', '.join(sorted(FAMILIES))}")
+    export.add_argument("--out", type=Path, required=True, metavar="DIR",
+                        help="folder to write into (created if missing; fixed file names, never outside it)")
+    export.add_argument("--gpu", help="export the winners of this GPU name (default: this machine's GPU, "
+                                      "else the only one stored)")
+    export.add_argument("--arch", help="export the winners of this architecture, e.g. sm_90; also the nvcc arch")
+    export.add_argument("--self-test", action="store_true",
+                        help="also write a C++ self-test program (make selftest) that validates and times the export")
+    export.add_argument("--json", action="store_true", help="print what was exported as JSON")
+    _add_db_arg(export)
+
     db = commands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     upgrade = db_commands.add_parser("upgrade", help="apply schema migrations")

@@ -11,7 +11,8 @@ from .report import performance, render_table, to_json, tune_summary, tune_table
 
 
 def run(args) -> int:
-    handler = {"tune": cmd_tune, "bench": cmd_bench, "list": cmd_list, "show": cmd_show, "db": cmd_db}
+    handler = {"tune": cmd_tune, "bench": cmd_bench, "list": cmd_list, "show": cmd_show, "db": cmd_db,
+               "export": cmd_export}
     return handler[args.command](args)
 
 
@@ -157,6 +158,25 @@ def cmd_show(args) -> int:
     print(render_table(rows))
     print()
     print(document["source"])
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .export import ExportRequest, export
+
+    result = export(ExportRequest(args.family, args.out, gpu=args.gpu, arch=args.arch, db_url=args.db,
+                                  self_test=args.self_test))
+    summary = result.summary()
+    if args.self_test and not summary["self_test_hook"]:
+        print(f"autogen: note: {args.family} has no self-test hook yet; the self-test skips it", file=sys.stderr)
+    if args.json:
+        print(to_json(summary))
+        return 0
+    shapes = [f"{e['symbol']} {s['shape']}: {s['kernel']}" for e in summary["entry_points"] for s in e["shapes"]]
+    defaults = [f"{e['symbol']}: default {e['default']}" for e in summary["entry_points"] if e["default"]]
+    print(render_table([("family", summary["family"]), ("gpu", f"{summary['gpu']} ({summary['arch']})"),
+                        ("variants", len(summary["variants"])), *(("dispatch", line) for line in shapes + defaults),
+                        *(("wrote", path) for path in summary["files"])]))
     return 0
 
 

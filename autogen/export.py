@@ -1,0 +1,456 @@
+"""`autogen export`: a family's tuned kernels as standalone CUDA C++ for builds without Python.
+
+The flow: pick the GPU the winners come from (choose_target), read its winners and re-check every
+stored value (check_winner: parameters through family.space.check, shapes through
+parse_shape_key and family.problem), build an ExportModel (one entry point per dtype, each distinct
+variant once), render the files from templates/export/*.j2 and write them into --out.
+
+Nothing read from the database reaches the generated code unchecked: parameters are re-validated,
+kernel names are re-derived from them, shapes become integers, timings finite floats, and free
+text (GPU name, versions, peer name) only appears in comments after sanitizing, or as a C string
+literal with every unusual byte escaped. File names are fixed here, never taken from the database.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tuning_db import TuningDB
+from tuning_db.repository import display_url
+from tuning_db.records import DeviceIdentity, WinnerRecord
+
+from . import __version__
+from .errors import GpuUnavailableError, InvalidConfigError, NotTunedError, UsageError
+from .families import Family, get_family
+from .problem import DTYPE_TAGS, Config, Problem, parse_shape_key
+from .render import render, render_template, templates_dir
+
+ARCH_PATTERN = re.compile(r"sm_([1-9][0-9]?)([0-9])([af]?)")  # sm_80, sm_90a, sm_100, sm_120f
+CC_PATTERN = re.compile(r"([1-9][0-9]?)\.([0-9])")  # "9.0"
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Characters kept in comments; anything else becomes "_". No backslash (a trailing one would
+# continue a // or # comment onto the next line) and no "?" (trigraphs).
+COMMENT_SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _.,:;()[]+=/@%&*'<>!~^|{}#-")
+MAX_COMMENT_TEXT = 160
+SELFTEST_HOOK = "export/selftest_{family}.cu.j2"
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TunedShape:
+    """One stored winner after every value in it was checked."""
+
+    problem: Problem
+    config: Config
+    kernel_name: str  # re-derived from config, never the stored name
+    time_us: float
+    peer_name: str  # sanitized for comments
+    peer_time_us: float | None
+    cache_mode: str  # "cold" | "hot": how the stored time was measured
+    provenance: str  # one sanitized line: when, with which autogen, driver, runtime and NVRTC
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return tuple(size for _name, size in self.problem.dims)
+
+    @property
+    def speedup(self) -> float | None:
+        return self.peer_time_us / self.time_us if self.peer_time_us else None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One distinct kernel of the export, with its host launcher `<kernel_name>_launch`."""
+
+    dtype: str
+    config: Config
+    kernel_name: str
+    source: str  # rendered with host_launcher=True
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """The C function of one family and dtype that dispatches on shape."""
+
+    symbol: str  # autogen_sgemv, autogen_softmax_f16
+    dtype: str
+    c_params: str  # the family's parameter list for this dtype
+    arg_names: tuple[str, ...]  # the names in c_params, to forward them to a launcher
+    shapes: tuple[TunedShape, ...]  # the dispatch table, sorted by shape key; ties go to the earlier
+    default: Variant | None  # served for every shape when nothing is tuned for this dtype
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        """The variants this entry point can launch, each once, in table order."""
+        if self.default is not None:
+            return (self.default.kernel_name,)
+        return tuple(dict.fromkeys(s.kernel_name for s in self.shapes))
+
+
+@dataclass(frozen=True)
+class ExportModel:
+    family: Family
+    gpu: DeviceIdentity  # the GPU the winners were measured on (its first winner's record)
+    arch: str  # nvcc -arch
+    entries: tuple[EntryPoint, ...]
+    variants: tuple[Variant, ...]
+    exported_at: str
+    software: dict[str, str] = field(default_factory=dict)  # sanitized version lists
+    self_test: bool = False
+
+    @property
+    def base(self) -> str:
+        return f"autogen_{self.family.name}"
+
+    @property
+    def cmake_arch(self) -> str:
+        return self.arch.removeprefix("sm_")
+
+    @property
+    def selftest_hook(self) -> str | None:
+        """The family's self-test template, or None when the family has none yet."""
+        name = SELFTEST_HOOK.format(family=self.family.name)
+        return name if (templates_dir() / name).is_file() else None
+
+    def file_names(self) -> dict[str, str]:
+        names = {"source": f"{self.base}.cu", "header": f"{self.base}.h", "cmake": "CMakeLists.txt",
+                 "makefile": "Makefile"}
+        if self.self_test:
+            names["selftest"] = f"{self.base}_selftest.cu"
+        return names
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    family: str
+    out: Path
+    gpu: str | None = None
+    arch: str | None = None
+    db_url: str | None = None
+    self_test: bool = False
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    model: ExportModel
+    out: Path
+    files: tuple[Path, ...]
+
+    def summary(self) -> dict:
+        """What was exported, for --json and the text report."""
+        model = self.model
+        return {
+            "family": model.family.name, "gpu": model.gpu.name,
+            "compute_capability": model.gpu.compute_capability, "arch": model.arch,
+            "out": str(self.out), "files": [str(f) for f in self.files],
+            "self_test": model.self_test,
+            "self_test_hook": model.selftest_hook is not None,
+            "entry_points": [{
+                "symbol": e.symbol, "dtype": e.dtype,
+                "default": e.default.kernel_name if e.default else None,
+                "shapes": [{"shape": s.problem.shape_key, "kernel": s.kernel_name,
+                            "time_us": s.time_us, "peer_time_us": s.peer_time_us,
+                            "speedup": round(s.speedup, 3) if s.speedup else None} for s in e.shapes],
+            } for e in model.entries],
+            "variants": [v.kernel_name for v in model.variants],
+        }
+
+
+# -- choosing the GPU and its winners -------------------------------------------------------------
+
+
+def local_device() -> DeviceIdentity | None:
+    """This machine's GPU when CuPy sees one, else None."""
+    try:
+        from .gpu import device_identity
+        return device_identity()
+    except GpuUnavailableError:
+        return None
+
+
+def arch_to_cc(arch: str) -> str:
+    """sm_90 -> "9.0", sm_120 -> "12.0"; UsageError for anything else."""
+    match = ARCH_PATTERN.fullmatch(arch)
+    if not match:
+        raise UsageError(f"--arch must look like sm_80, sm_90 or sm_90a, not {arch!r}")
+    return f"{match[1]}.{match[2]}"
+
+
+def cc_to_arch(cc: str, gpu_name: str) -> str:
+    """"9.0" -> sm_90; a stored compute capability of any other form is refused."""
+    match = CC_PATTERN.fullmatch(cc) if isinstance(cc, str) else None
+    if not match:
+        raise InvalidConfigError(f"GPU {gpu_name!r} in the database has an invalid compute capability {cc!r}")
+    return f"sm_{match[1]}{match[2]}"
+
+
+def choose_target(db: TuningDB, family: Family, gpu: str | None, arch: str | None,
+                  detect: Callable[[], DeviceIdentity | None] | None = None) -> list[WinnerRecord]:
+    """The winners to export: those of one GPU, chosen by --gpu, --arch, this machine's GPU
+    (`detect`, default local_device), or the database's only GPU."""
+    cc = arch_to_cc(arch) if arch else None
+    if gpu is None and arch is None:
+        here = (detect or local_device)()
+        if here is not None:
+            gpu, cc = here.name, here.compute_capability
+        else:
+            gpu, cc = _only_gpu(db)
+    winners = db.winners(family=family.name, gpu_name=gpu, compute_capability=cc)
+    if not winners:
+        target = " ".join(part for part in (gpu and f"GPU {gpu!r}", cc and f"compute capability {cc}") if part)
+        raise NotTunedError(f"nothing tuned for {family.name} on {target} in {display_url(db.url)}; run "
+                            f"`autogen tune {family.name} ...` on that GPU first, or pick another "
+                            f"with --gpu or --arch (`autogen list` shows what is stored)")
+    devices = sorted({(w.device.name, w.device.compute_capability) for w in winners})
+    if len(devices) > 1:
+        listed = "; ".join(f"{name!r} (cc {c})" for name, c in devices)
+        raise UsageError(f"{family.name} is tuned on several GPUs matching the request ({listed}); "
+                         "pick one with --gpu (and --arch)")
+    return winners
+
+
+def _only_gpu(db: TuningDB) -> tuple[str, str]:
+    gpus = sorted({(w.device.name, w.device.compute_capability) for w in db.winners()})
+    if not gpus:
+        raise NotTunedError(f"nothing is tuned in {display_url(db.url)}; run `autogen tune ...` first")
+    if len(gpus) > 1:
+        listed = "; ".join(f"{name!r} (cc {cc})" for name, cc in gpus)
+        raise UsageError(f"no GPU on this machine and the database holds several ({listed}); "
+                         "pick one with --gpu NAME or --arch sm_XY")
+    return gpus[0]
+
+
+# -- checking what the database says --------------------------------------------------------------
+
+
+def describe(winner: WinnerRecord) -> str:
+    """The record, named for error messages (repr: stored text may hold anything)."""
+    t = winner.trial
+    return (f"winner for GPU {winner.device.name!r} (cc {winner.device.compute_capability!r}), "
+            f"family {t.family!r}, dtype {t.dtype!r}, shape {t.shape_key!r}")
+
+
+def check_winner(family: Family, winner: WinnerRecord) -> TunedShape:
+    """A TunedShape holding only checked values; InvalidConfigError naming the record otherwise."""
+    where = describe(winner)
+    problem = _checked_problem(family, winner, where)
+    params = winner.trial.params
+    if not isinstance(params, dict):
+        raise InvalidConfigError(f"{where}: params must be a mapping, not {type(params).__name__}")
+    try:
+        config = family.space.check(params)
+    except InvalidConfigError as exc:
+        raise InvalidConfigError(f"{where}: {exc}") from None
+    if winner.trial.cache_mode not in ("cold", "hot"):
+        raise InvalidConfigError(f"{where}: cache_mode={winner.trial.cache_mode!r} is not cold or hot")
+    return TunedShape(
+        problem=problem, config=config,
+        kernel_name=_identifier(family.kernel_name(problem.dtype, config), where),
+        time_us=_positive(winner.trial.time_us, "time_us", where),
+        peer_name=comment_text(winner.peer_name) if winner.peer_time_us is not None else "",
+        peer_time_us=(None if winner.peer_time_us is None
+                      else _positive(winner.peer_time_us, "peer_time_us", where)),
+        cache_mode=winner.trial.cache_mode,
+        provenance=comment_text(
+            f"tuned {winner.updated_at} with autogen {winner.autogen_version or '?'}, driver "
+            f"{cuda_version(winner.device.driver_version)}, runtime {cuda_version(winner.device.runtime_version)}, "
+            f"NVRTC {winner.device.nvrtc_version}"),
+    )
+
+
+def _checked_problem(family: Family, winner: WinnerRecord, where: str) -> Problem:
+    key, dtype = winner.trial.shape_key, winner.trial.dtype
+    if dtype not in family.dtypes:
+        raise InvalidConfigError(f"{where}: {family.name} has no dtype {dtype!r} (it has {', '.join(family.dtypes)})")
+    try:
+        dims = parse_shape_key(key) if isinstance(key, str) else None
+        if dims is None or tuple(name for name, _ in dims) != family.dims:
+            raise ValueError(f"{family.name} shapes name {', '.join(family.dims)} in that order")
+        problem = family.problem(dtype, **dict(dims))
+    except (ValueError, UsageError) as exc:
+        raise InvalidConfigError(f"{where}: bad shape: {exc}") from None
+    if problem.shape_key != key:  # "m=016" would alias m=16 in the dispatch table
+        raise InvalidConfigError(f"{where}: shape key is not canonical (expected {problem.shape_key!r})")
+    return problem
+
+
+def _positive(value, name: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise InvalidConfigError(f"{where}: {name}={value!r} is not a positive time")
+    return float(value)
+
+
+def _identifier(name: str, where: str) -> str:
+    # Names are built from checked choices; this guards against a family whose abbreviations or
+    # choices would not make a C identifier.
+    if not IDENTIFIER.fullmatch(name):
+        raise InvalidConfigError(f"{where}: derived kernel name {name!r} is not a C identifier")
+    return name
+
+
+def comment_text(value: object) -> str:
+    """Free text made safe for a // or # comment line: one line, no backslash, bounded."""
+    text = "".join(c if c in COMMENT_SAFE else "_" for c in str(value))
+    return text[:MAX_COMMENT_TEXT]
+
+
+def c_string(value: object) -> str:
+    """A C string literal of `value`, every byte outside a safe set escaped in octal."""
+    safe = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _.,:;()[]+=/@%&*'<>!~^|{}#-")
+    body = "".join(chr(b) if chr(b) in safe else f"\\{b:03o}" for b in str(value).encode())
+    return f'"{body}"'
+
+
+def cuda_version(value: object) -> str:
+    """13000 -> "13.0 (13000)"; anything that is not an int, sanitized as it is."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return f"{value // 1000}.{value % 1000 // 10} ({value})"
+    return comment_text(value)
+
+
+# -- building the model ---------------------------------------------------------------------------
+
+
+def entry_symbol(family: Family, dtype: str) -> str:
+    """autogen_<family> for the first dtype, autogen_<family>_<tag> for the others."""
+    if dtype == family.dtypes[0]:
+        return f"autogen_{family.name}"
+    return f"autogen_{family.name}_{DTYPE_TAGS[dtype]}"
+
+
+def c_arg_names(c_params: str, family: Family) -> tuple[str, ...]:
+    """The parameter names of a C parameter list; each dim must be one of them, as `int <dim>`."""
+    names, declared_ints = [], set()
+    for part in c_params.split(","):
+        match = re.fullmatch(r"\s*(.*?[\s*&])\s*([A-Za-z_]\w*)\s*", part)
+        if not match:
+            raise UsageError(f"{family.name}: cannot read the C parameter {part.strip()!r} of {c_params!r}")
+        names.append(match[2])
+        if match[1].split() == ["int"]:
+            declared_ints.add(match[2])
+    missing = [d for d in family.dims if d not in declared_ints]
+    if missing:
+        raise UsageError(f"{family.name}: c_params must declare every dimension as `int <dim>`; "
+                         f"missing {', '.join(missing)}")
+    return tuple(names)
+
+
+def nearest_index(family: Family, shapes: Sequence[Problem], query: Problem) -> int:
+    """The rule of autogen.dispatch that the generated C follows: the nearest tuned shape by
+    family.distance(query, tuned), a tie going to the smaller shape key. The C table is sorted by
+    shape key, so there a tie goes to the earlier row."""
+    return min(range(len(shapes)), key=lambda i: (family.distance(query, shapes[i]), shapes[i].shape_key))
+
+
+def _variant(family: Family, dtype: str, config: Config) -> Variant:
+    name = family.kernel_name(dtype, config)
+    return Variant(dtype, config, name, render(family, dtype, config, host_launcher=True))
+
+
+def build_model(family: Family, winners: Sequence[WinnerRecord], arch: str | None,
+                self_test: bool = False) -> ExportModel:
+    """Check every winner, then lay out entry points and distinct variants."""
+    gpu = winners[0].device
+    arch = arch or cc_to_arch(gpu.compute_capability, gpu.name)
+    tuned = [check_winner(family, w) for w in winners]  # every record checked before any render
+    entries, variants = [], {}
+    for dtype in family.dtypes:
+        # Sorted by shape key: the Python dispatcher breaks distance ties by the smaller key.
+        shapes = tuple(sorted((s for s in tuned if s.problem.dtype == dtype), key=lambda s: s.problem.shape_key))
+        default = None
+        if shapes:
+            for shape in shapes:
+                if shape.kernel_name not in variants:
+                    variants[shape.kernel_name] = _variant(family, dtype, shape.config)
+        else:
+            default = variants.setdefault(family.kernel_name(dtype, family.default_config()),
+                                          _variant(family, dtype, family.default_config()))
+        c_params = family.template_vars(dtype, family.default_config(), host_launcher=True)["c_params"]
+        entries.append(EntryPoint(entry_symbol(family, dtype), dtype, c_params, c_arg_names(c_params, family),
+                                  shapes, default))
+    software = {
+        "driver": ", ".join(sorted({cuda_version(w.device.driver_version) for w in winners})),
+        "runtime": ", ".join(sorted({cuda_version(w.device.runtime_version) for w in winners})),
+        "nvrtc": ", ".join(sorted({comment_text(w.device.nvrtc_version) for w in winners})),
+        "autogen": ", ".join(sorted({comment_text(w.autogen_version or "?") for w in winners})),
+    }
+    return ExportModel(family, gpu, arch, tuple(entries), tuple(variants.values()),
+                       datetime.now(timezone.utc).isoformat(timespec="seconds"), software, self_test)
+
+
+# -- rendering and writing ------------------------------------------------------------------------
+
+
+def render_files(model: ExportModel) -> dict[str, str]:
+    """File name -> text, for every file of the export."""
+    names = model.file_names()
+    variables = {
+        "model": model, "family": model.family, "names": names, "autogen_version": __version__,
+        "gpu_name": comment_text(model.gpu.name), "gpu_name_literal": c_string(model.gpu.name),
+        "dims": model.family.dims, "selftest_hook": model.selftest_hook, "comment": comment_text,
+        "c_headers": [h for h in model.family.c_headers if h != "cuda_runtime.h"],
+    }
+    templates = {"source": "export/kernels.cu.j2", "header": "export/header.h.j2",
+                 "cmake": "export/CMakeLists.txt.j2", "makefile": "export/Makefile.j2",
+                 "selftest": "export/selftest.cu.j2"}
+    return {names[role]: render_template(templates[role], variables) for role in names}
+
+
+def write_files(files: dict[str, str], out: Path) -> tuple[Path, ...]:
+    """Write every file into `out`, or nothing: all checks run before the first write. Each file
+    is replaced atomically (a rename never follows a symlink at the target)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder")
+    root = out.resolve()
+    for name in files:
+        if Path(name).name != name:
+            raise UsageError(f"refusing to write {name!r}: export file names are plain names")
+        target = out / name
+        if target.is_symlink() and not target.resolve().is_relative_to(root):
+            raise UsageError(f"refusing to write {target}: it is a symlink to {target.resolve()}, outside --out")
+        if target.is_dir() and not target.is_symlink():
+            raise UsageError(f"cannot write {target}: a folder is in the way")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return tuple(_replace(out / name, text) for name, text in files.items())
+    except OSError as exc:
+        raise UsageError(f"cannot write the export into {out}: {exc.strerror or exc}") from None
+
+
+def _replace(path: Path, text: str) -> Path:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] | None = None) -> ExportResult:
+    """The whole command: select, check, render, write."""
+    family = get_family(request.family)
+    arch = request.arch
+    if arch is not None:
+        arch_to_cc(arch)  # a malformed --arch is a usage error before the database is opened
+    out = Path(request.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder")
+    with TuningDB(request.db_url) as db:
+        winners = choose_target(db, family, request.gpu, arch, detect)
+    model = build_model(family, winners, arch, request.self_test)
+    files = render_files(model)
+    return ExportResult(model, out, write_files(files, out))
