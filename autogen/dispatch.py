@@ -39,7 +39,8 @@ class TunedKernel:
 
     def __call__(self, *args, stream=None, **kwargs):
         cupy = _cupy()
-        problem, inputs, result = get_family(self.problem.family).bind(cupy, args, kwargs)
+        problem, inputs, result = get_family(self.problem.family).bind(
+            cupy, cupy.cuda.runtime.getDevice(), args, kwargs)
         if problem != self.problem:
             raise ArgumentError(f"{self.name} serves {self.problem}, called with {problem}")
         self.launch(inputs, resolve_stream(cupy, stream, args))
@@ -67,9 +68,8 @@ class Dispatcher:
             self._dbs = [TuningDB(self.db_url)] + ([shipped] if shipped is not None else [])
         return self._dbs
 
-    def lookup(self, problem: Problem, strict: bool = False) -> TunedKernel:
-        cupy = _cupy()
-        key = (cupy.cuda.runtime.getDevice(), problem, strict)
+    def lookup(self, problem: Problem, strict: bool = False, device: int | None = None) -> TunedKernel:
+        key = (_cupy().cuda.runtime.getDevice() if device is None else device, problem, strict)
         kernel = self._kernels.get(key)
         if kernel is None:
             with self._lock:  # one thread builds, the others wait and then hit the cache
@@ -190,9 +190,10 @@ def lookup(family: str, dtype: str | None = None, strict: bool = False, **dims: 
 def call(family_name: str, args: tuple, kwargs: dict, stream=None):
     """Bind the arguments, find (or reuse) the kernel for their shape, launch it."""
     cupy = _CUPY or _cupy()
-    problem, inputs, result = FAMILIES[family_name].bind(cupy, args, kwargs)
+    device = cupy.cuda.runtime.getDevice()
+    problem, inputs, result = FAMILIES[family_name].bind(cupy, device, args, kwargs)
     dispatcher = _default_dispatcher or default_dispatcher()
-    dispatcher.lookup(problem).launch(inputs, resolve_stream(cupy, stream, args))
+    dispatcher.lookup(problem, False, device).launch(inputs, resolve_stream(cupy, stream, args))
     return result
 
 

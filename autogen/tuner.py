@@ -134,18 +134,18 @@ class Tuner:
                                                          self.problem.shape_key, self.options.cache_mode)}
 
     def _warm_start_points(self) -> list[dict]:
-        points = [dict(self.family.default_params)]
+        """Tried first: the winners of the nearest tuned shapes (nearest first), then the default."""
+        default = [dict(self.family.default_params)]
         if not self.options.warm_start:
-            return points
+            return default
         winners = self.db.winners(family=self.problem.family, gpu_name=self.device.name,
                                   compute_capability=self.device.compute_capability, dtype=self.problem.dtype)
         others = [w for w in winners if w.trial.shape_key != self.problem.shape_key]
-        others.sort(key=lambda w: self.family.distance(
-            self.problem, Problem(self.problem.family, self.problem.dtype, _dims(w.trial.shape_key))))
-        for winner in others[:3]:
-            if not self.family.space.violations(winner.trial.params):
-                points.insert(0, dict(winner.trial.params))
-        return points
+        others.sort(key=lambda w: (self.family.distance(
+            self.problem, Problem(self.problem.family, self.problem.dtype, _dims(w.trial.shape_key))),
+            w.trial.shape_key))
+        nearest = [dict(w.trial.params) for w in others[:3] if not self.family.space.violations(w.trial.params)]
+        return nearest + default
 
     def _search(self, backend, started: float) -> None:
         stored = self._stored_trials()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass
@@ -150,8 +151,9 @@ class Family:
         return None
 
     # --- calls from Python (the dispatcher) -------------------------------------------------
-    def bind(self, cupy, args: tuple, kwargs: dict) -> tuple[Problem, dict, Any]:
-        """Check a call's operands and turn them into (problem, inputs dict, value to return)."""
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict) -> tuple[Problem, dict, Any]:
+        """Check a call's operands (on the current `device`) and turn them into
+        (problem, inputs dict, value to return)."""
         raise NotImplementedError(f"{self.name} has no Python call API")
 
 
@@ -169,13 +171,18 @@ def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int, devic
                             f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}")
     if array.ndim != ndim:
         raise ArgumentError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
-    if array.dtype.name not in dtypes:
+    if array.dtype not in _dtype_objects(dtypes):  # dtype.name is slow: compare dtype objects
         raise ArgumentError(f"{name} must have dtype {' or '.join(dtypes)}, got {array.dtype.name}")
     if not array._c_contiguous:  # CuPy's own flag; .flags builds an object on every call
         raise ArgumentError(f"{name} must be C-contiguous (row-major, no strides)")
     if array.data.device_id != device:
         raise ArgumentError(f"{name} is on GPU {array.data.device_id}, but the current device is GPU {device}")
     return array
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_objects(dtypes: tuple[str, ...]) -> tuple:
+    return tuple(np.dtype(d) for d in dtypes)
 
 
 def _on_cuda(obj) -> bool:

@@ -138,10 +138,9 @@ class Sgemv(Family):
 
         return Peer("cuBLAS sgemv", run)
 
-    def bind(self, cupy, args: tuple, kwargs: dict):
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict):
         """autogen.sgemv(A, x, alpha=1.0, beta=0.0, y=None) -> y"""
         A, x, alpha, beta, y = _sgemv_arguments(*args, **kwargs)
-        device = cupy.cuda.runtime.getDevice()
         a = device_array(cupy, A, "A", self.dtypes, 2, device)
         m, n = a.shape
         xv = device_array(cupy, x, "x", self.dtypes, 1, device)

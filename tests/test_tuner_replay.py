@@ -1,0 +1,114 @@
+"""The search loop and its storage without a GPU, on timings recorded on an H100.
+
+The recording (tests/assets/replay_sgemv_8192x16.json) was written by scripts/search_quality.py
+from an exhaustive search on the lent H100; ReplayBackend (a test aid) serves it back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tuning_db import TuningDB
+
+from autogen.families import get_family
+from autogen.testing.replay import ReplayBackend, load
+from autogen.tuner import TuneOptions, Tuner
+
+ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
+if not ASSET.exists():  # written on the GPU by scripts/search_quality.py, then committed
+    pytest.skip(f"recording {ASSET.name} not present", allow_module_level=True)
+RECORDING = load(ASSET)
+SGEMV = get_family("sgemv")
+PROBLEM = SGEMV.problem(m=8192, n=16)
+
+
+def run(db_url, backend=None, quiet=True, **options):
+    backend = backend or ReplayBackend(RECORDING)
+    tuner = Tuner(PROBLEM, TuneOptions(db_url=db_url, workers=1, **options),
+                  progress=(lambda _line: None) if quiet else print,
+                  backend_factory=lambda *_args: backend)
+    return tuner.run(), backend
+
+
+def stored(db_url):
+    device = ReplayBackend(RECORDING).device
+    return TuningDB(db_url).trials(device, "sgemv", "float32", PROBLEM.shape_key)
+
+
+def test_tpe_stores_every_trial_once_and_the_best_as_winner(db_url):
+    result, backend = run(db_url, trials=30)
+    trials = stored(db_url)
+    assert result.measured + result.failed == 30 == len(trials)
+    assert len({t.kernel_name for t in trials}) == 30
+    assert backend.evaluator.evaluated[0] == SGEMV.kernel_name("float32", SGEMV.default_config())
+    assert len(backend.evaluator.evaluated) == len(set(backend.evaluator.evaluated))
+    best = min(t.time_us for t in trials if t.status == "ok")
+    winner = TuningDB(db_url).winner(result.device, "sgemv", "float32", PROBLEM.shape_key)
+    assert winner.trial.time_us <= best * 1.01 + 1e-9 and winner.peer_name == RECORDING["peer"]["name"]
+
+
+def test_running_again_resumes_instead_of_starting_over(db_url):
+    run(db_url, trials=20)
+    first = {t.kernel_name for t in stored(db_url)}
+    _, again = run(db_url, trials=20)
+    assert again.evaluator.evaluated == []  # nothing measured twice
+    _, more = run(db_url, trials=32)
+    assert len(more.evaluator.evaluated) == 12 and not first & set(more.evaluator.evaluated)
+    assert len(stored(db_url)) == 32
+
+
+def test_exhaustive_measures_every_point_the_shape_does_not_prune(db_url):
+    result, backend = run(db_url, trials=10_000, sampler="exhaustive")
+    wanted = [c for c in SGEMV.space.enumerate() if SGEMV.reject_reason(PROBLEM, c) is None]
+    assert sorted(backend.evaluator.evaluated) == sorted(SGEMV.kernel_name("float32", c) for c in wanted)
+    recorded_ok = {k: min(v["samples_us"]) for k, v in RECORDING["trials"].items() if v["status"] == "ok"}
+    assert result.winner.trial.kernel_name in recorded_ok
+
+
+def test_a_worker_crash_is_a_failed_trial_not_the_end_of_the_run(db_url):
+    victim = SGEMV.kernel_name("float32", SGEMV.default_config())  # evaluated first
+    backend = ReplayBackend(RECORDING, crash_on=frozenset({victim}))
+    result, _ = run(db_url, backend=backend, trials=10)
+    failed = [t for t in stored(db_url) if t.status == "failed"]
+    assert [t.kernel_name for t in failed] == [victim] and "died" in failed[0].reason
+    assert result.worker_restarts == 1 and result.winner.trial.kernel_name != victim
+
+
+def test_an_interrupt_keeps_completed_trials_and_the_database_consistent(db_url):
+    backend = ReplayBackend(RECORDING)
+    evaluate = backend.evaluator.evaluate
+    calls = []
+
+    def interrupted(name, cubin, params):
+        calls.append(name)
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return evaluate(name, cubin, params)
+
+    backend.evaluator.evaluate = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        run(db_url, backend=backend, trials=25)
+    assert len(stored(db_url)) == 5  # the trial in flight is the only one lost
+    result, resumed = run(db_url, trials=25)
+    assert len(stored(db_url)) == 25 and calls[5] in resumed.evaluator.evaluated
+
+
+def test_warm_start_tries_the_nearest_tuned_winner_first(db_url):
+    from dbfixtures import store_winner
+
+    device = ReplayBackend(RECORDING).device
+    neighbour = {**SGEMV.default_params, "threads_per_row": 8, "vector_width": 2, "unroll": 1}
+    store_winner(TuningDB(db_url), device, 16384, 16, params=neighbour)
+    store_winner(TuningDB(db_url), device, 16, 4096, params={**SGEMV.default_params, "threads_per_row": 256,
+                                                              "warps_per_block": 8})
+    _, backend = run(db_url, trials=5)
+    assert backend.evaluator.evaluated[0] == SGEMV.kernel_name("float32", SGEMV.space.check(neighbour))
+    _, cold = run(db_url.replace("tuning.db", "cold.db"), trials=5, warm_start=False)
+    assert cold.evaluator.evaluated[0] == SGEMV.kernel_name("float32", SGEMV.default_config())
+
+
+def test_same_seed_same_search(db_url):
+    _, first = run(db_url, trials=15, seed=7)
+    _, second = run(db_url.replace("tuning.db", "again.db"), trials=15, seed=7)
+    assert first.evaluator.evaluated == second.evaluator.evaluated
