@@ -7,6 +7,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import re
+
+import optuna
 import statistics
 import sys
 import time
@@ -28,6 +30,9 @@ from .worker import WorkSpec, default_workers
 
 # Two variants whose medians differ by less than this are a tie: the simpler name wins.
 TIE_FRACTION = 0.01
+# Consecutive asks that yield only measured, rejected or in-flight points before the search
+# counts the space as exhausted (small spaces, or budgets larger than the space).
+MAX_IDLE_ASKS = 1000
 
 
 @dataclass(frozen=True)
@@ -174,15 +179,22 @@ class Tuner:
             if self.options.stop_at_us is not None and any(
                     t.status == "ok" and t.time_us <= self.options.stop_at_us for t in stored.values()):
                 return False
-            return launched < self.options.trials and asked < 50 * self.options.trials
+            if self.options.sampler == "exhaustive" and asked >= queued:
+                return False  # every point was served: the space is exhausted
+            # A sampler that keeps proposing measured or invalid points has run out of space.
+            return launched < self.options.trials and idle_asks < MAX_IDLE_ASKS
 
+        queued = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
+        idle_asks = 0  # consecutive asks that produced nothing new to measure
         while True:
             while len(pending) < depth and budget_left():
                 trial = study.ask(dists)
                 asked += 1
                 outcome = self._classify(trial, stored, in_flight, by_body)
                 if outcome is None:
+                    idle_asks += 1
                     continue
+                idle_asks = 0
                 config, name, source = outcome
                 future = backend.compile(source, self.arch)
                 entry = _Pending([trial], config, name, source, future)

@@ -29,14 +29,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 stages=${STAGES:-tests pretuned bench dispatch families}
 grid_db=${GRID_DB:-sqlite:///$out/pretuned.db}
 status=0
+# Each stage gets its own deadline, so one slow stage cannot starve the others.
+limit=${STAGE_TIMEOUT:-300}
 for stage in $stages; do
   case $stage in
-    tests) python3 -m pytest -m gpu -q -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1 ;;
-    pretuned) python3 scripts/make_pretuned.py --out "$out" --db "$grid_db" 2>&1 | tail -n 3 | tee "$out/pretuned.log" || status=1 ;;
-    bench) python3 scripts/bench_sgemv.py --out "$out" --db "$grid_db" 2>&1 | tee "$out/bench.log" || status=1 ;;
-    dispatch) python3 scripts/bench_dispatch.py --db "$grid_db" --out "$out" ${DISPATCH_ARGS:-} 2>&1 | tee "$out/dispatch.log" || status=1 ;;
-    families) python3 scripts/bench_reduce_softmax.py --out "$out" 2>&1 | tee "$out/families.log" || status=1 ;;
-    quality) python3 scripts/search_quality.py --out "$out" --grid-db "$grid_db" 2>&1 | tee "$out/quality.log" || status=1 ;;
+    tests) timeout $limit python3 -m pytest -m gpu -q -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1 ;;
+    pretuned) timeout $limit python3 scripts/make_pretuned.py --out "$out" --db "$grid_db" 2>&1 | tail -n 3 | tee "$out/pretuned.log" || status=1 ;;
+    bench) timeout $limit python3 scripts/bench_sgemv.py --out "$out" --db "$grid_db" 2>&1 | tee "$out/bench.log" || status=1 ;;
+    dispatch) timeout $limit python3 scripts/bench_dispatch.py --db "$grid_db" --out "$out" ${DISPATCH_ARGS:-} 2>&1 | tee "$out/dispatch.log" || status=1 ;;
+    families) timeout $limit python3 scripts/bench_reduce_softmax.py --out "$out" 2>&1 | tee "$out/families.log" || status=1 ;;
+    quality) timeout $limit python3 scripts/search_quality.py --out "$out" --grid-db "$grid_db" 2>&1 | tee "$out/quality.log" || status=1 ;;
     *) echo "unknown stage $stage" >&2; status=1 ;;
   esac
 done
