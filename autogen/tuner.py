@@ -161,8 +161,11 @@ class Tuner:
             self.progress(f"resuming: {len(stored)} trials of this problem already in the database")
         exhaustive = ([c.as_dict() for c in self.family.space.enumerate()]
                       if self.options.sampler == "exhaustive" else [])
+        seeds = self._warm_start_points()
+        # Seeds are tried even where the shape would prune them: the default is the baseline.
+        self.seed_keys = {tuple(sorted(p.items())) for p in seeds}
         study = create_study(self.family.space, self.options.sampler, self.options.seed, measured,
-                             self._warm_start_points(), exhaustive)
+                             seeds, exhaustive)
         dists = distributions(self.family.space)
         by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
         pending: collections.deque[_Pending] = collections.deque()
@@ -230,7 +233,7 @@ class Tuner:
             return None
         config = self.family.space.check(params)
         reason = self.family.reject_reason(self.problem, config)
-        if reason:
+        if reason and tuple(sorted(params.items())) not in self.seed_keys:
             self.result.rejected += 1
             study_tell(trial, PENALTY_US)
             return None
