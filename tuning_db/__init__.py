@@ -1,0 +1,27 @@
+"""Storage of autogen's tuning results: trials, winners and validations per GPU and shape.
+
+Everything goes through TuningDB, which speaks only in the frozen records below.
+"""
+
+from tuning_db.records import DeviceIdentity, TrialRecord, ValidationRecord, WinnerRecord
+from tuning_db.repository import (
+    CorruptDatabaseError,
+    DatabaseError,
+    TuningDB,
+    current_revision,
+    default_url,
+    upgrade,
+)
+
+__all__ = [
+    "CorruptDatabaseError",
+    "DatabaseError",
+    "DeviceIdentity",
+    "TrialRecord",
+    "TuningDB",
+    "ValidationRecord",
+    "WinnerRecord",
+    "current_revision",
+    "default_url",
+    "upgrade",
+]

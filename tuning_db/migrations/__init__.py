@@ -1,0 +1,165 @@
+"""Alembic migrations of the tuning database, configured in code (there is no alembic.ini).
+
+Everything here works on a live SQLAlchemy connection that the caller owns, inside the caller's
+transaction; tuning_db.repository opens that connection, commits, and words the errors.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import quote
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+from sqlalchemy.pool import NullPool
+
+from tuning_db.models import Base
+
+SCRIPT_LOCATION = Path(__file__).resolve().parent
+# Not alembic's default name: another tool using Alembic may share the database.
+VERSION_TABLE = "autogen_alembic_version"
+SQLITE_HEADER = b"SQLite format 3\x00"
+SQLITE_CORRUPTION = ("SQLITE_NOTADB", "SQLITE_CORRUPT")  # prefixes of sqlite3's error names
+MIGRATION_LOCK_KEY = 0x6175746F67656E  # PostgreSQL advisory lock id: "autogen" in ASCII
+
+
+class ForeignDatabaseError(Exception):
+    """The database is not one autogen wrote; the message says why. Nothing was written."""
+
+
+class NewerSchemaError(Exception):
+    """The database is at a schema revision these migrations do not know."""
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """A Config pointing at this package; env.py runs on ``connection``."""
+    config = Config()
+    # Config values are %-interpolated, so a '%' in the install path must be doubled.
+    config.set_main_option("script_location", str(SCRIPT_LOCATION).replace("%", "%%"))
+    config.attributes["connection"] = connection
+    return config
+
+
+@lru_cache(maxsize=1)
+def _script_directory() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    head = _script_directory().get_current_head()
+    assert head is not None, "tuning_db/migrations/versions holds no revision"
+    return head
+
+
+def known_revisions() -> frozenset[str]:
+    return frozenset(script.revision for script in _script_directory().walk_revisions())
+
+
+def stamped_revision(connection: Connection) -> str | None:
+    """The revision recorded in the database, or None when it was never migrated."""
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+def upgrade_to(connection: Connection, revision: str = "head") -> None:
+    command.upgrade(alembic_config(connection), revision)
+
+
+def downgrade_to(connection: Connection, revision: str) -> None:
+    command.downgrade(alembic_config(connection), revision)
+
+
+def upgrade_database(connection: Connection) -> str:
+    """Check that the database is ours and bring it to head; returns the head revision.
+
+    The caller's transaction must hold the write lock (SQLite: BEGIN IMMEDIATE) so that processes
+    opening a new database at the same moment migrate it once; PostgreSQL takes a lock here.
+    """
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+    check_ownership(connection)
+    revision = stamped_revision(connection)
+    if revision is not None and revision not in known_revisions():
+        raise NewerSchemaError(
+            f"its schema revision {revision} is unknown to this autogen (whose newest is "
+            f"{head_revision()}): a newer autogen wrote it"
+        )
+    upgrade_to(connection)
+    if connection.dialect.name == "sqlite":
+        # SQLite migrations run with foreign keys off (batch mode rebuilds referenced tables).
+        broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+        if broken:
+            raise ForeignDatabaseError(f"its rows break foreign keys: {broken[:5]}")
+    return head_revision()
+
+
+def check_ownership(connection: Connection) -> None:
+    """Raise ForeignDatabaseError when the ``autogen_*`` tables here cannot be autogen's own.
+    Only reads, so a foreign database is refused before anything is written."""
+    inspector = inspect(connection)
+    tables = sorted(name for name in inspector.get_table_names() if name.startswith("autogen_"))
+    if not tables:
+        return  # a new database, or one shared with other tools
+    revision = stamped_revision(connection) if VERSION_TABLE in tables else None
+    if revision is None:
+        raise ForeignDatabaseError(
+            f"it holds table(s) {', '.join(tables)} but no schema revision in {VERSION_TABLE}, "
+            "so another program wrote them"
+        )
+    if revision != head_revision():
+        return  # older schemas are the migrations' business, newer ones upgrade_database's
+    missing = _missing_from_head(inspector)
+    if missing:
+        raise ForeignDatabaseError(
+            f"it is at schema revision {revision} but lacks {', '.join(missing)}"
+        )
+
+
+def _missing_from_head(inspector) -> list[str]:
+    """Tables and columns that the head schema (the ORM models) has and the database lacks."""
+    present_tables = set(inspector.get_table_names())
+    missing = []
+    for table in Base.metadata.sorted_tables:
+        if table.name not in present_tables:
+            missing.append(f"table {table.name}")
+            continue
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        missing += [f"column {table.name}.{c.name}" for c in table.columns if c.name not in present]
+    return missing
+
+
+def check_sqlite_file(path: Path) -> None:
+    """Raise ForeignDatabaseError unless ``path`` is missing, empty, or a readable SQLite file
+    whose autogen tables are autogen's. Opens the file read-only: a normal connection would
+    already write to it (switching it to WAL)."""
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ForeignDatabaseError(f"it cannot be read: {exc.strerror}") from exc
+    if not header:
+        return  # SQLite treats an empty file as an empty database
+    if header != SQLITE_HEADER:
+        raise ForeignDatabaseError(f"it is not a SQLite file (it starts with {header!r})")
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    reader = create_engine(
+        "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=NullPool
+    )
+    try:
+        with reader.connect() as connection:
+            check_ownership(connection)
+    except sa_exc.DBAPIError as exc:
+        if not getattr(exc.orig, "sqlite_errorname", "").startswith(SQLITE_CORRUPTION):
+            raise  # e.g. locked: a problem of the moment, not of the file
+        raise ForeignDatabaseError(f"SQLite cannot read it: {exc.orig}") from exc
+    finally:
+        reader.dispose()
