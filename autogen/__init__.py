@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 def sgemv(A, x, alpha=1.0, beta=0.0, y=None, *, stream=None):
     """y = alpha * A x + beta * y with the best kernel autogen has for this GPU and shape."""
-    return _dispatch().call("sgemv", (A, x), {"alpha": alpha, "beta": beta, "y": y}, stream)
+    return _dispatch().call("sgemv", (A, x, alpha, beta, y), _NO_KWARGS, stream)
 
 
 def _dispatch():
@@ -24,6 +24,7 @@ def _dispatch():
 
 
 _dispatch_module = None
+_NO_KWARGS: dict = {}
 
 
 def lookup(family, dtype=None, strict=False, **dims):

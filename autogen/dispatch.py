@@ -46,10 +46,14 @@ class TunedKernel:
         self.launch(inputs, resolve_stream(cupy, stream, args))
         return result
 
+    def __post_init__(self):
+        # Flattened once: a dispatched call walks plain tuples, not attribute chains.
+        self._launches = tuple((function, step.launch.grid, step.launch.block, step.args, step.launch.shared_bytes)
+                               for function, step in self._steps)
+
     def launch(self, inputs: dict, stream=None) -> None:
-        for function, step in self._steps:
-            function(step.launch.grid, step.launch.block, step.args(inputs),
-                     shared_mem=step.launch.shared_bytes, stream=stream)
+        for function, grid, block, args, shared_bytes in self._launches:
+            function(grid, block, args(inputs), shared_bytes, stream)
 
 
 class Dispatcher:
