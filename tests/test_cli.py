@@ -80,3 +80,53 @@ def test_shapes_file_and_comma_lists(tmp_path, capsys):
 def test_help_needs_no_gpu():
     done = run_cli("--help")
     assert done.returncode == 0 and "tune" in done.stdout
+
+
+def test_list_show_and_db_upgrade_read_the_database(db_url, capsys):
+    import json
+
+    from dbfixtures import A100, H100, store_winner
+    from tuning_db import TuningDB
+
+    db = TuningDB(db_url)
+    store_winner(db, H100, 16384, 16, time_us=1.9, peer_time_us=2.9)
+    store_winner(db, A100, 16384, 16, time_us=2.5)
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    assert "database at revision" in capsys.readouterr().out
+    assert main(["list", "--db", db_url, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["gpu"], r["shape"]) for r in rows} == {(H100.name, "m=16384,n=16"), (A100.name, "m=16384,n=16")}
+    assert next(r for r in rows if r["gpu"] == H100.name)["speedup"] == round(2.9 / 1.9, 3)
+    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url]) == 2  # two GPUs: ambiguous
+    assert "pick one with --gpu" in capsys.readouterr().err
+    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url, "--gpu", H100.name, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["provenance"]["driver_version"] == H100.driver_version
+    assert f"{shown['kernel']}(const float* __restrict__ A" in shown["source"]
+    assert main(["show", "sgemv", "--m", "5", "--n", "5", "--db", db_url, "--gpu", H100.name]) == 1
+
+
+def test_a_tampered_record_is_refused_before_rendering(db_url, capsys):
+    import sqlite3
+
+    from dbfixtures import H100, store_winner
+    from tuning_db import TuningDB
+
+    store_winner(TuningDB(db_url), H100, 64, 64)
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as connection:
+        connection.execute("""UPDATE autogen_trials SET params = '{"threads_per_row": "4) { system(\\"x\\"); } //",
+                              "vector_width": 4, "warps_per_block": 4, "rows_per_group": 1, "unroll": 2,
+                              "x_path": "ldg", "reduce": "shfl"}'""")
+    assert main(["show", "sgemv", "--m", "64", "--n", "64", "--db", db_url, "--gpu", H100.name]) == 2
+    err = capsys.readouterr().err
+    assert "invalid config" in err and "threads_per_row" in err and "Traceback" not in err
+
+
+def test_a_corrupt_database_file_is_a_clear_error_and_left_alone(tmp_path, capsys):
+    path = tmp_path / "broken.db"
+    path.write_bytes(b"this is not a database" * 100)
+    before = path.read_bytes()
+    assert main(["list", "--db", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("autogen: database error:") and "Traceback" not in err
+    assert path.read_bytes() == before
