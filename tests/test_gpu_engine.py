@@ -70,3 +70,11 @@ def test_kill_9_loses_at_most_the_trial_in_flight_and_the_same_command_resumes(t
     assert again.returncode == 0
     assert f"resuming: {kept}" in again.stderr or "resuming:" in again.stderr
     assert count_trials(db) == 40  # the budget is the study's, not each run's
+
+
+def test_a_shape_too_large_for_gpu_memory_is_a_usage_error(db_url, capsys):
+    from autogen.cli import main
+
+    assert main(["tune", "sgemv", "--m", "2000000000", "--n", "100000", "--db", db_url, "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "GiB of GPU memory" in err and "Traceback" not in err
