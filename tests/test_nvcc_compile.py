@@ -14,10 +14,14 @@ from nvcc_tools import ARCHS, extreme_configs, nvcc_compile
 @pytest.mark.parametrize("family_name", sorted(FAMILIES))
 def test_extreme_variants_compile_cleanly(family_name, arch, tmp_path):
     family = FAMILIES[family_name]
-    sources = [render(family, dtype, config) for dtype in family.dtypes for config in extreme_configs(family)]
-    report = nvcc_compile(sources, arch, tmp_path)
-    entries = re.findall(r"Compiling entry function '(\w+)'", report)
-    assert len(entries) == len(sources)
+    variants = [(dtype, config) for dtype in family.dtypes for config in extreme_configs(family)]
+    report = nvcc_compile([render(family, dtype, config) for dtype, config in variants], arch, tmp_path)
+    entries = set(re.findall(r"Compiling entry function '(\w+)'", report))
+    # Every kernel of every step (a two-kernel reduction has two) was compiled.
+    probe = family.problem(**{d: 4099 for d in family.dims})
+    expected = {family.kernel_name(dtype, config) + step.suffix for dtype, config in variants
+                for step in family.plan(family.problem(dtype, **probe.shape), config)}
+    assert entries == expected
     spills = re.findall(r"(\d+) bytes spill stores", report)
     assert spills and all(s == "0" for s in spills), "a variant spills registers"
     frames = re.findall(r"(\d+) bytes stack frame", report)

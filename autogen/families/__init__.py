@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from .base import Family, Launch, Peer, Step
+from .reduce import Reduce
 from .sgemv import Sgemv
+from .softmax import Softmax
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (Sgemv(),)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (Sgemv(), Reduce(), Softmax())}
 
 
 def get_family(name: str) -> Family:

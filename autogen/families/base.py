@@ -83,6 +83,11 @@ class Family:
                 raise UsageError(f"{self.name}: {d} must be between 1 and {MAX_DIM}, got {value}")
         return Problem(self.name, dtype, tuple((d, int(dims[d])) for d in self.dims))
 
+    def tolerance_for(self, problem: Problem) -> float:
+        """The relative error a variant may show on this problem (families with several dtypes
+        may differ per dtype)."""
+        return self.tolerance
+
     def default_config(self) -> Config:
         return self.space.check(self.default_params)
 
