@@ -162,3 +162,42 @@ def test_operand_on_another_gpu(cupy, dispatcher, monkeypatch):
         A, x = operands(cupy, 8, 4)
     with pytest.raises(ArgumentError, match="A is on GPU 1"):
         autogen.sgemv(A, x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_reduce_sum_and_softmax_from_python(cupy, dispatcher, monkeypatch, dtype):
+    import autogen
+    import autogen.dispatch as dispatch
+
+    monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
+    rng = cupy.random.default_rng()
+    v = rng.random(100003, dtype=cupy.float32).astype(dtype)
+    total = autogen.reduce_sum(v)
+    assert total.shape == () and total.dtype == cupy.float32
+    expected = float(v.astype(cupy.float64).sum())
+    assert abs(float(total) - expected) <= 1e-5 * expected
+    assert autogen.lookup("reduce", dtype=dtype, n=100003).served_by == "default"
+
+    scores = (rng.random((37, 1001), dtype=cupy.float32) - 0.5).astype(dtype)
+    probabilities = autogen.softmax(scores)
+    assert probabilities.dtype == scores.dtype and probabilities.shape == scores.shape
+    x = scores.astype(cupy.float64)
+    reference = cupy.exp(x - x.max(axis=1, keepdims=True))
+    reference /= reference.sum(axis=1, keepdims=True)
+    error = float(cupy.linalg.norm(probabilities.astype(cupy.float64) - reference) / cupy.linalg.norm(reference))
+    assert error <= (1e-5 if dtype == "float32" else 1e-3)
+    with pytest.raises(ArgumentError, match="out has shape"):
+        autogen.softmax(scores, out=cupy.empty((37, 1000), dtype=dtype))
+
+
+def test_softmax_on_torch_tensors(cupy, dispatcher, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import autogen
+    import autogen.dispatch as dispatch
+
+    monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
+    x = torch.randn(64, 300, device="cuda", dtype=torch.float16)
+    y = autogen.softmax(x)
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.float16
+    torch.cuda.synchronize()
+    assert torch.allclose(y.float(), torch.softmax(x.float(), dim=-1), atol=2e-3)

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from .base import Family, Launch, Peer, Step
+from .base import Family, Launch, Peer, Step, device_array, new_output
 
 # Resident-thread capacity used where no GPU is visible (CPU tests, planning off-device): the
 # H100 SXM's 132 SMs x 2048 threads. Any grid is correct (threads stride over the vector); on a
@@ -169,6 +169,19 @@ class Reduce(Family):
     def flops(self, problem: Problem) -> int:
         return problem["n"]
 
+    # --- calls from Python ----------------------------------------------------------------
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict):
+        """autogen.reduce_sum(x) -> 0-d float32 sum (a CuPy array, or a tensor for a tensor)."""
+        (x,) = _reduce_arguments(*args, **kwargs)
+        xv = device_array(cupy, x, "x", self.dtypes, 1, device)
+        problem = self.problem(xv.dtype.name, n=xv.shape[0])
+        out = new_output(cupy, x, (1,), "float32")
+        inputs = {"x": xv, "out": device_array(cupy, out, "out", ("float32",), 1, device),
+                  # Per call: concurrent reductions on different streams must not share them.
+                  "partials": cupy.empty(self.workspace_blocks(problem), dtype=cupy.float32),
+                  "counter": cupy.zeros(1, dtype=cupy.uint32)}
+        return problem, inputs, out.reshape(())
+
     def peer(self, problem: Problem) -> Peer | None:
         """cupy.sum (CUB's device reduction for fp32; CuPy's reduction kernel for fp16 in, fp32
         out). CuPy allocates CUB's temporary storage and a 0-d result from its memory pool on
@@ -228,6 +241,10 @@ class ReplayArena:
         self._offset = 0
         with self._cupy.cuda.using_allocator(self.malloc):
             call()
+
+
+def _reduce_arguments(x):
+    return (x,)
 
 
 def _round_up(value: int, multiple: int) -> int:

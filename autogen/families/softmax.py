@@ -8,7 +8,8 @@ import numpy as np
 from ..errors import GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from .base import Family, Launch, Peer, random_uniform
+from ..errors import ArgumentError
+from .base import Family, Launch, Peer, device_array, new_output, random_uniform
 
 MIN_BLOCK = 128  # threads per block when a row takes fewer: rows_per_block = block / threads_per_row
 
@@ -142,6 +143,18 @@ class Softmax(Family):
     def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
         return 2 * problem["rows"] * problem["cols"] * np.dtype(problem.dtype).itemsize
 
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict):
+        """autogen.softmax(x, out=None) -> softmax over the last dimension, x's dtype."""
+        x, out = _softmax_arguments(*args, **kwargs)
+        xv = device_array(cupy, x, "x", self.dtypes, 2, device)
+        rows, cols = xv.shape
+        if out is None:
+            out = new_output(cupy, x, (rows, cols), xv.dtype.name)
+        outv = device_array(cupy, out, "out", (xv.dtype.name,), 2, device)
+        if outv.shape != xv.shape:
+            raise ArgumentError(f"out has shape {outv.shape}, but x has {xv.shape}")
+        return self.problem(xv.dtype.name, rows=rows, cols=cols), {"x": xv, "y": outv}, out
+
     def peer(self, problem: Problem) -> Peer | None:
         """torch.softmax, run inside CuPy's stream capture on the capturing stream (torch's
         ExternalStream over CuPy's current stream). Nothing may allocate during capture, so an
@@ -199,3 +212,7 @@ def _torch_softmax_out(torch, problem: Problem):
             return call
         failures.append(f"{label}: wrong result")
     raise RuntimeError("torch offers no softmax with out=: " + "; ".join(failures))
+
+
+def _softmax_arguments(x, out=None):
+    return x, out
