@@ -19,6 +19,17 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def nvrtc_usable() -> bool:
+    """NVRTC needs no GPU: CPU tests compile through it where CuPy's NVRTC library is present."""
+    try:
+        from autogen.compile import nvrtc_version
+        nvrtc_version()
+    except Exception:
+        return False
+    return True
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:

@@ -5,6 +5,8 @@ import re
 import numpy as np
 import pytest
 
+from conftest import nvrtc_usable
+
 from autogen.compile import compile_cubin
 from autogen.errors import GpuUnavailableError, UsageError
 from autogen.families import get_family
@@ -256,16 +258,7 @@ def test_replay_arena_hands_out_the_same_addresses_on_every_call():
         arena.run(lambda: FakeCupy.allocator(2048))
 
 
-def _nvrtc_usable() -> bool:
-    try:
-        from autogen.compile import nvrtc_version
-        nvrtc_version()
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _nvrtc_usable(), reason="NVRTC not usable through CuPy here")
+@pytest.mark.skipif(not nvrtc_usable(), reason="NVRTC not usable through CuPy here")
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("mode", ["two_kernel", "atomic", "last_block"])
 def test_nvrtc_compiles_each_cross_block_mode(dtype, mode, tmp_path):

@@ -6,6 +6,8 @@ import math
 import numpy as np
 import pytest
 
+from conftest import nvrtc_usable
+
 from autogen.compile import compile_cubin
 from autogen.errors import UsageError
 from autogen.families import get_family
@@ -190,16 +192,7 @@ def test_host_launcher_uses_the_plan_geometry():
     assert f"{name}_launch(" not in render(FAMILY, "float16", config)
 
 
-def _nvrtc_usable() -> bool:
-    try:
-        from autogen.compile import nvrtc_version
-        nvrtc_version()
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _nvrtc_usable(), reason="NVRTC not usable through CuPy here")
+@pytest.mark.skipif(not nvrtc_usable(), reason="NVRTC not usable through CuPy here")
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("overrides", [
     {},
