@@ -5,7 +5,6 @@ import pytest
 
 from autogen.errors import UsageError
 from autogen.families import get_family
-from autogen.render import render
 
 FAMILY = get_family("sgemv")
 CONFIGS = list(FAMILY.space.enumerate())
@@ -16,17 +15,6 @@ def test_space_is_the_documented_size_and_holds_the_seed_strategies():
     names = {c["threads_per_row"] for c in CONFIGS}
     assert {2, 16, 32, 256} <= names  # several rows per warp, warp per row, several warps per row
     assert any(c["vector_width"] == 4 for c in CONFIGS)
-
-
-def test_every_point_renders_with_its_name_as_the_kernel_symbol():
-    names = set()
-    for config in CONFIGS:
-        name = FAMILY.kernel_name("float32", config)
-        source = render(FAMILY, "float32", config)
-        assert f"{name}(const float* __restrict__ A" in source
-        assert "{{" not in source and "{%" not in source
-        names.add(name)
-    assert len(names) == len(CONFIGS)  # the name identifies the variant
 
 
 def test_procedural_name_spells_every_parameter():

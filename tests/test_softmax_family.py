@@ -34,19 +34,6 @@ def test_space_is_the_documented_size_and_holds_every_strategy():
     assert all(c["reduce"] == "shfl" for c in CONFIGS if c["threads_per_row"] <= 32)
 
 
-@pytest.mark.parametrize("dtype, element", [("float32", "float"), ("float16", "unsigned short")])
-def test_every_point_renders_with_its_name_as_the_kernel_symbol(dtype, element):
-    names = set()
-    for config in CONFIGS:
-        name = FAMILY.kernel_name(dtype, config)
-        source = render(FAMILY, dtype, config)
-        assert f"\n{name}(const {element}* __restrict__ x, {element}* __restrict__ y, int rows, int cols)" in source
-        assert "{{" not in source and "{%" not in source
-        assert "#include" not in source  # NVRTC gets no include path
-        names.add(name)
-    assert len(names) == len(CONFIGS)
-
-
 def test_procedural_name_spells_every_parameter():
     assert (FAMILY.kernel_name("float32", FAMILY.default_config())
             == "softmax_f32_tpr32_vw4_u8_rshfl_rcregisters_ponline")

@@ -1,0 +1,64 @@
+"""What every registered family promises, checked the same way for each (on the CPU)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from autogen.families import FAMILIES
+from autogen.render import render
+
+CASES = [(family, dtype) for family in sorted(FAMILIES) for dtype in FAMILIES[family].dtypes]
+
+
+def small_problem(family, dtype):
+    return family.problem(dtype, **{d: 37 for d in family.dims})
+
+
+@pytest.mark.parametrize("name, dtype", CASES)
+def test_every_point_renders_and_defines_every_step_symbol(name, dtype):
+    family = FAMILIES[name]
+    problem = small_problem(family, dtype)
+    names = set()
+    for config in family.space.enumerate():
+        kernel = family.kernel_name(dtype, config)
+        source = render(family, dtype, config)
+        assert "{{" not in source and "{%" not in source
+        assert "#include" not in source  # NVRTC gets no include path
+        for step in family.plan(problem, config):
+            pattern = rf'extern "C" __global__ void\s+(__launch_bounds__\([^)]*\)\s*)?{kernel + step.suffix}\('
+            assert re.search(pattern, source), f"{kernel + step.suffix} is not defined"
+        assert f"{kernel}_launch(" not in source  # host launchers only for nvcc exports
+        names.add(kernel)
+    assert len(names) == family.space.size()  # the name identifies the variant
+
+
+@pytest.mark.parametrize("name, dtype", CASES)
+def test_default_config_is_valid_and_launches_something(name, dtype):
+    family = FAMILIES[name]
+    config = family.default_config()
+    problem = small_problem(family, dtype)
+    for step in family.plan(problem, config):
+        assert all(v >= 1 for v in step.launch.grid + step.launch.block)
+    host = render(family, dtype, config, host_launcher=True)
+    assert f"{family.kernel_name(dtype, config)}_launch({family.c_params}, cudaStream_t stream)" in host
+
+
+@pytest.mark.parametrize("name, dtype", CASES)
+def test_inputs_reference_and_byte_count_agree(name, dtype):
+    family = FAMILIES[name]
+    problem = small_problem(family, dtype)
+    rng = np.random.default_rng(0)
+    poisoned = 0
+    for case in family.validation_cases(problem):
+        inputs = family.make_inputs(problem, np, rng, case)
+        output = inputs[family.output]
+        # Poisoned with NaN, except where the output is also an input (sgemv's y with beta != 0).
+        poisoned += bool(np.isnan(output.astype(np.float64)).all())
+        reference = family.reference(problem, inputs, np)
+        assert reference.dtype == np.float64 and reference.shape == output.shape
+    assert poisoned >= 1, "no validation case poisons the output before the launch"
+    assert family.bytes_moved(problem, family.timing_case(problem)) > 0
+    assert family.tolerance_for(problem) > 0
