@@ -95,3 +95,30 @@ def test_catalog_with_an_unknown_format_is_refused(tmp_path, db_url):
     bad.write_text(json.dumps({"format": 99, "entries": []}))
     with pytest.raises(ValueError, match="unsupported catalog format"):
         pretuned.load_catalog(TuningDB(db_url), bad)
+
+
+def test_concurrent_first_calls_build_the_kernel_once(dispatcher, monkeypatch):
+    import threading
+    import time
+    import types
+
+    import autogen.dispatch as dispatch
+
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0)))
+    monkeypatch.setattr(dispatch, "_CUPY", fake_cupy)
+    builds = []
+
+    def slow_build(problem, strict):
+        builds.append(problem)
+        time.sleep(0.05)  # long enough for every other thread to arrive while this one builds
+        return object()
+
+    monkeypatch.setattr(dispatcher, "_build", slow_build)
+    problem = SGEMV.problem(m=4096, n=16)
+    served = []
+    threads = [threading.Thread(target=lambda: served.append(dispatcher.lookup(problem))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(builds) == 1 and len(served) == 8 and all(s is served[0] for s in served)
