@@ -545,9 +545,8 @@ def _hammer(url: str, worker: int, barrier, results) -> None:
         results.put((worker, [], traceback.format_exc()))
 
 
-def test_concurrent_processes_lose_and_duplicate_nothing(tmp_path: Path):
-    path = tmp_path / "shared" / "tuning.db"
-    url = f"sqlite:///{path}"
+def run_hammers(url: str) -> list:
+    """Start WORKERS writer processes on `url` at once; their reports once all have finished."""
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(WORKERS), context.Queue()
     processes = [
@@ -561,6 +560,13 @@ def test_concurrent_processes_lose_and_duplicate_nothing(tmp_path: Path):
         process.join(timeout=60)
     assert [error for _, _, error in reports if error] == []
     assert all(process.exitcode == 0 for process in processes)
+    return reports
+
+
+def test_concurrent_processes_lose_and_duplicate_nothing(tmp_path: Path):
+    path = tmp_path / "shared" / "tuning.db"
+    url = f"sqlite:///{path}"
+    reports = run_hammers(url)
 
     times_by_key: dict[tuple, set[float]] = {}
     for _, written, _ in reports:

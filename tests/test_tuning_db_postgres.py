@@ -6,7 +6,6 @@ scripts/start_test_postgres.sh); each test gets a database of its own.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import uuid
 
@@ -52,18 +51,10 @@ def test_migrations_and_round_trips(pg_url):
 
 
 def test_concurrent_processes_lose_and_duplicate_nothing(pg_url):
-    from test_tuning_db import H100, KERNELS, ROUNDS, SHAPES, WORKERS, _hammer
+    from test_tuning_db import H100, KERNELS, ROUNDS, SHAPES, run_hammers
     from tuning_db import TuningDB
 
-    context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(WORKERS), context.Queue()
-    processes = [context.Process(target=_hammer, args=(pg_url, w, barrier, results)) for w in range(WORKERS)]
-    for process in processes:
-        process.start()
-    reports = [results.get(timeout=240) for _ in processes]
-    for process in processes:
-        process.join(timeout=60)
-    assert [error for _, _, error in reports if error] == []
+    reports = run_hammers(pg_url)
     written = {(shape, kernel, mode) for _, rows, _ in reports for shape, kernel, mode, _ in rows}
     with TuningDB(pg_url) as db:
         stored = [(t.shape_key, t.kernel_name, t.cache_mode) for shape in SHAPES
