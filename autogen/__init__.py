@@ -4,42 +4,54 @@
     y = autogen.sgemv(A, x)                      # CuPy arrays or PyTorch CUDA tensors
     k = autogen.lookup("sgemv", m=16384, n=16)   # k.name, k.params, k.served_by, k.provenance
     y = k(A, x, alpha=2.0, beta=0.5, y=y)
-    total = autogen.reduce_sum(v)                # fp32 or fp16 vector, fp32 sum
-    p = autogen.softmax(scores)                  # rows x cols, fp32 or fp16
+
+Every family with a Python call (`Family.api`) is reachable as autogen.<api>: autogen.sgemv,
+autogen.reduce_sum, autogen.softmax and the rest (`autogen.all_families()` lists them). A family of
+your own is a Family subclass decorated with @autogen.register (see README, "Tune your own kernel").
 """
 
 __version__ = "0.1.0"
 
-
-def sgemv(A, x, alpha=1.0, beta=0.0, y=None, *, stream=None):
-    """y = alpha * A x + beta * y with the best kernel autogen has for this GPU and shape."""
-    return _dispatch().call("sgemv", (A, x, alpha, beta, y), _NO_KWARGS, stream)
-
-
-def reduce_sum(x, *, stream=None):
-    """Sum of a 1-D fp32 or fp16 CUDA array, accumulated in fp32; a 0-d float32 array."""
-    return _dispatch().call("reduce", (x,), _NO_KWARGS, stream)
-
-
-def softmax(x, out=None, *, stream=None):
-    """Softmax over the last dimension of a 2-D fp32 or fp16 CUDA array (rows x cols)."""
-    return _dispatch().call("softmax", (x, out), _NO_KWARGS, stream)
-
-
-def _dispatch():
-    # Imported on first use: `import autogen` needs neither CuPy nor a database.
-    global _dispatch_module
-    if _dispatch_module is None:
-        from . import dispatch
-        _dispatch_module = dispatch
-    return _dispatch_module
-
-
-_dispatch_module = None
-_NO_KWARGS: dict = {}
+from .family import Family, Launch, Peer, Step, Trait, all_families, get_family, register  # noqa: E402
+from .space import Param, Space  # noqa: E402
 
 
 def lookup(family, dtype=None, strict=False, **dims):
     """The kernel served for `family` at this shape: exact, nearest, arch or default."""
     from .dispatch import lookup as _lookup
     return _lookup(family, dtype, strict, **dims)
+
+
+def call(family, *args, stream=None, **kwargs):
+    """Run `family` (any registered name, e.g. "mykernels.axpy") on these operands with the
+    best kernel autogen has for this GPU and shape."""
+    from .dispatch import call as _call
+    return _call(get_family(family).name, args, kwargs, stream)
+
+
+def __getattr__(name: str):
+    # autogen.sgemv and the other per-family calls come from the registry, so that adding a
+    # family edits no core module. The function is cached here after the first access.
+    family = family_for_api(name) if not name.startswith("_") else None
+    if family is None:
+        raise AttributeError(f"module 'autogen' has no attribute {name!r}")
+    function = _call_function(family.name, family.api, type(family).bind.__doc__)
+    globals()[name] = function
+    return function
+
+
+def _call_function(family_name: str, api: str, doc: str | None):
+    from . import dispatch
+
+    def call_family(*args, stream=None, **kwargs):
+        return dispatch.call(family_name, args, kwargs, stream)
+
+    call_family.__name__ = call_family.__qualname__ = api
+    call_family.__doc__ = doc
+    return call_family
+
+
+from .family import family_for_api  # noqa: E402
+
+__all__ = ["Family", "Launch", "Param", "Peer", "Space", "Step", "Trait", "all_families", "call", "get_family",
+           "lookup", "register", "__version__"]

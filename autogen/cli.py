@@ -13,8 +13,9 @@ from pathlib import Path
 
 from . import __version__
 from .errors import AutogenError, UsageError
-from .families import FAMILIES, get_family
+from .family import all_families, get_family
 
+FAMILIES = all_families()
 # Every dimension flag any family uses; each family says which it needs.
 DIM_FLAGS = sorted({d for family in FAMILIES.values() for d in family.dims})
 

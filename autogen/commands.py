@@ -6,7 +6,7 @@ import statistics
 import sys
 
 from .errors import GpuUnavailableError, NotTunedError, UsageError
-from .families import get_family
+from .family import get_family
 from .report import performance, render_table, to_json, tune_summary, tune_table
 
 
@@ -53,7 +53,7 @@ def cmd_bench(args) -> int:
     require_cupy()
     family = get_family(problem.family)
     db = TuningDB(args.db)
-    with IsolatedEvaluator(WorkSpec(problem.family, problem.dtype, problem.dims, args.cache)) as evaluator:
+    with IsolatedEvaluator(WorkSpec.of(problem, args.cache)) as evaluator:
         winner = db.winner(evaluator.device, problem.family, problem.dtype, problem.shape_key)
         if winner is None:
             raise NotTunedError(f"nothing tuned for {problem} on {evaluator.device.name} in {db.url}; "

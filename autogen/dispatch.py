@@ -20,7 +20,7 @@ from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
 
 from .errors import ArgumentError, NotTunedError
-from .families import FAMILIES, get_family
+from .family import get_family
 from .problem import Config, Problem, parse_shape_key
 from .render import render, source_hash
 
@@ -195,7 +195,7 @@ def call(family_name: str, args: tuple, kwargs: dict, stream=None):
     """Bind the arguments, find (or reuse) the kernel for their shape, launch it."""
     cupy = _CUPY or _cupy()
     device = cupy.cuda.runtime.getDevice()
-    problem, inputs, result = FAMILIES[family_name].bind(cupy, device, args, kwargs)
+    problem, inputs, result = get_family(family_name).bind(cupy, device, args, kwargs)
     dispatcher = _default_dispatcher or default_dispatcher()
     dispatcher.lookup(problem, False, device).launch(inputs, resolve_stream(cupy, stream, args))
     return result

@@ -28,9 +28,10 @@ from tuning_db.records import DeviceIdentity, WinnerRecord
 
 from . import __version__
 from .errors import GpuUnavailableError, InvalidConfigError, NotTunedError, UsageError
-from .families import Family, get_family
-from .problem import DTYPE_TAGS, Config, Problem, parse_shape_key
-from .render import render, render_template, templates_dir
+from .family import Family, get_family
+from .dtypes import DTYPES
+from .problem import Config, Problem, parse_shape_key
+from .render import render, render_template
 
 ARCH_PATTERN = re.compile(r"sm_([1-9][0-9]?)([0-9])([af]?)")  # sm_80, sm_90a, sm_100, sm_120f
 CC_PATTERN = re.compile(r"([1-9][0-9]?)\.([0-9])")  # "9.0"
@@ -39,7 +40,6 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # continue a // or # comment onto the next line) and no "?" (trigraphs).
 COMMENT_SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _.,:;()[]+=/@%&*'<>!~^|{}#-")
 MAX_COMMENT_TEXT = 160
-SELFTEST_HOOK = "export/selftest_{family}.cu.j2"
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ class ExportModel:
 
     @property
     def base(self) -> str:
-        return f"autogen_{self.family.name}"
+        return f"autogen_{self.family.symbol}"
 
     @property
     def cmake_arch(self) -> str:
@@ -117,9 +117,8 @@ class ExportModel:
 
     @property
     def selftest_hook(self) -> str | None:
-        """The family's self-test template, or None when the family has none yet."""
-        name = SELFTEST_HOOK.format(family=self.family.name)
-        return name if (templates_dir() / name).is_file() else None
+        """The family's self-test template (Family.selftest_template), or None when it has none."""
+        return self.family.selftest_template
 
     def file_names(self) -> dict[str, str]:
         names = {"source": f"{self.base}.cu", "header": f"{self.base}.h", "cmake": "CMakeLists.txt",
@@ -323,8 +322,8 @@ def cuda_version(value: object) -> str:
 def entry_symbol(family: Family, dtype: str) -> str:
     """autogen_<family> for the first dtype, autogen_<family>_<tag> for the others."""
     if dtype == family.dtypes[0]:
-        return f"autogen_{family.name}"
-    return f"autogen_{family.name}_{DTYPE_TAGS[dtype]}"
+        return f"autogen_{family.symbol}"
+    return f"autogen_{family.symbol}_{DTYPES[dtype].tag}"
 
 
 def c_arg_names(c_params: str, family: Family) -> tuple[str, ...]:
@@ -374,7 +373,7 @@ def build_model(family: Family, winners: Sequence[WinnerRecord], arch: str | Non
         else:
             default = variants.setdefault(family.kernel_name(dtype, family.default_config()),
                                           _variant(family, dtype, family.default_config()))
-        c_params = family.template_vars(dtype, family.default_config(), host_launcher=True)["c_params"]
+        c_params = family.c_params_for(dtype)
         entries.append(EntryPoint(entry_symbol(family, dtype), dtype, c_params, c_arg_names(c_params, family),
                                   shapes, default))
     software = {
@@ -402,7 +401,7 @@ def render_files(model: ExportModel) -> dict[str, str]:
     templates = {"source": "export/kernels.cu.j2", "header": "export/header.h.j2",
                  "cmake": "export/CMakeLists.txt.j2", "makefile": "export/Makefile.j2",
                  "selftest": "export/selftest.cu.j2"}
-    return {names[role]: render_template(templates[role], variables) for role in names}
+    return {names[role]: render_template(templates[role], variables, model.family) for role in names}
 
 
 def write_files(files: dict[str, str], out: Path) -> tuple[Path, ...]:

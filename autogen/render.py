@@ -24,10 +24,12 @@ def templates_dir() -> Path:
     raise FileNotFoundError(f"autogen templates not found next to {here}")
 
 
-@functools.lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
+@functools.lru_cache(maxsize=None)
+def _environment(search_path: tuple[str, ...]) -> jinja2.Environment:
+    # One FileSystemLoader over the path: a user family's folder first, then autogen's templates,
+    # so a user template can {% import "common.cuh.j2" as common %} the shared macros.
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader(list(search_path)),
         undefined=jinja2.StrictUndefined,  # a missing parameter is an error, never an empty string
         trim_blocks=True,
         lstrip_blocks=True,
@@ -35,18 +37,22 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render_template(template_name: str, variables: dict) -> str:
-    return _environment().get_template(template_name).render(**variables)
+def render_template(template_name: str, variables: dict, family=None) -> str:
+    """Render a template by name, looked up beside `family`'s module first when given."""
+    folders = family.template_dirs() if family is not None else [templates_dir()]
+    try:
+        template = _environment(tuple(str(f) for f in folders)).get_template(template_name)
+    except jinja2.TemplateNotFound:
+        where = ", ".join(str(f) for f in folders)
+        raise FileNotFoundError(f"template {template_name!r} not found in {where}") from None
+    return template.render(**variables)
 
 
 def render(family, dtype: str, config: Config, host_launcher: bool = False) -> str:
     """CUDA source of one variant; `config` must come from family.space.check. With
-    host_launcher, the source also defines `<kernel_name>_launch(<family.c_params>, stream)`
-    for nvcc builds (exports); NVRTC gets device code only."""
-    variables = family.template_vars(dtype, config, host_launcher)
-    if family.template_source is not None:  # test-only families carry their template inline
-        return _environment().from_string(family.template_source).render(**variables)
-    return render_template(family.template, variables)
+    host_launcher, the source also defines `<kernel_name>_launch(<c_params>, stream)` for nvcc
+    builds (exports); NVRTC gets device code only."""
+    return render_template(family.template, family.template_vars(dtype, config, host_launcher), family)
 
 
 def source_hash(source: str, options: tuple[str, ...] = ()) -> str:

@@ -22,7 +22,7 @@ from . import __version__
 from .backend import GpuBackend
 from .compile import compile_options
 from .errors import CompileError, UsageError
-from .families import get_family
+from .family import get_family
 from .problem import Config, Problem
 from .render import render, source_hash
 from .search import PENALTY_US, SAMPLERS, create_study, distributions
@@ -49,7 +49,6 @@ class TuneOptions:
     eval_timeout_s: float = 60.0
     warm_start: bool = True
     stop_at_us: float | None = None  # stop searching once a variant is at least this fast
-    family_module: str | None = None  # test aid: module registering extra families
 
 
 @dataclass
@@ -104,8 +103,7 @@ class Tuner:
     # --- the run --------------------------------------------------------------------------
     def run(self) -> TuneResult:
         started = time.monotonic()
-        spec = WorkSpec(self.problem.family, self.problem.dtype, self.problem.dims,
-                        self.options.cache_mode, self.options.family_module)
+        spec = WorkSpec.of(self.problem, self.options.cache_mode)
         with self.backend_factory(spec, self.options.workers, self.options.eval_timeout_s) as backend:
             self._check_fits(backend.free_bytes)
             self.device = backend.device

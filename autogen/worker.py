@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .families import get_family
+from .family import get_family
 from .gpu import device_identity, free_device_memory, require_cupy
 from .measure import build_timer, time_enqueue, timing_sets, validate
 
@@ -58,9 +58,13 @@ class WorkSpec:
 
     family: str
     dtype: str
-    dims: tuple[tuple[str, int], ...]
+    dims: tuple[tuple[str, int | str], ...]
+    family_module: str  # the module that registers the family: the child imports it to find it
     cache_mode: str = "cold"  # "cold": rotate input sets larger than 4x L2; "hot": one set
-    family_module: str | None = None  # test aid: a module that registers extra families
+
+    @classmethod
+    def of(cls, problem, cache_mode: str = "cold") -> "WorkSpec":
+        return cls(problem.family, problem.dtype, problem.dims, get_family(problem.family).module, cache_mode)
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,7 @@ class Evaluator:
     """Validates and times variants of one problem on the current GPU, in this process."""
 
     def __init__(self, spec: WorkSpec):
-        if spec.family_module:
-            importlib.import_module(spec.family_module)
+        importlib.import_module(spec.family_module)  # registers a user's family in this process too
         self.cupy = require_cupy()
         self.family = get_family(spec.family)
         self.problem = self.family.problem(spec.dtype, **dict(spec.dims))

@@ -26,7 +26,7 @@ def host_overhead(db_url: str, calls: int = 20000) -> dict:
 
     import autogen
     import autogen.dispatch as dispatch
-    from autogen.families import get_family
+    from autogen.family import get_family
     from autogen.render import render
 
     dispatch._default_dispatcher = dispatch.Dispatcher(db_url)
@@ -84,7 +84,7 @@ def regret(db_url: str, out: Path, trials: int) -> list[dict]:
 
     import autogen.dispatch as dispatch
     from autogen.compile import compile_cubin
-    from autogen.families import get_family
+    from autogen.family import get_family
     from autogen.render import render
     from autogen.tuner import TuneOptions, tune
     from autogen.worker import Evaluator, WorkSpec

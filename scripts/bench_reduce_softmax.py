@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from autogen.families import get_family
+    from autogen.family import get_family
     from autogen.report import tune_summary
     from autogen.tuner import TuneOptions, tune
 

@@ -44,7 +44,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from autogen.families import get_family
+    from autogen.family import get_family
     from autogen.report import tune_summary
     from autogen.tuner import TuneOptions, tune
 

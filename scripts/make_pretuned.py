@@ -25,7 +25,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from tuning_db import TuningDB
-    from autogen.families import get_family
+    from autogen.family import get_family
     from autogen.pretuned import dump_catalog
     from autogen.tuner import TuneOptions, tune
 

@@ -64,7 +64,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from tuning_db import TuningDB
-    from autogen.families import get_family
+    from autogen.family import get_family
     from autogen.testing.replay import record
     from autogen.tuner import TuneOptions, tune
 
@@ -119,7 +119,7 @@ def main() -> int:
 def repeatability(out: Path) -> dict:
     """Tune 16384x16 twice from scratch with different seeds; re-time both winners interleaved."""
     from autogen.compile import compile_cubin
-    from autogen.families import get_family
+    from autogen.family import get_family
     from autogen.render import render
     from autogen.tuner import TuneOptions, tune
     from autogen.worker import Evaluator, WorkSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity, TrialRecord
 
-from autogen.families import get_family
+from autogen.family import get_family
 from autogen.render import render, source_hash
 
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "9.0", 132, 52428800, 13000, 13000, "13.0")

@@ -1,43 +1,26 @@
 """TEST AID: a family whose space holds a correct, a faulting and a hanging variant.
 
-Imported by the GPU worker through WorkSpec.family_module, so the child registers it too.
+A user family like any other (registered as fault_family.faulty_double, template beside this
+module): the GPU worker re-imports this module by its path, so the child registers it too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from autogen.families import Family, Launch, register
-from autogen.families.base import random_uniform
+from autogen.family import Family, Launch, random_uniform, register
 from autogen.space import Param, Space
 
-TEMPLATE = """
-extern "C" __global__ void {{ kernel_name }}(const float* x, float* y, int n)
-{
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-{% if behaviour == "fault" %}
-    // Write far outside any allocation: an illegal address poisons the CUDA context.
-    if (i == 0) ((float*)0x10)[threadIdx.x] = 1.0f;
-{% elif behaviour == "hang" %}
-    // Never finish (clock64 is volatile, so the loop cannot be optimised away): the tuner must
-    // give up on it after its deadline.
-    const long long start = clock64();
-    while (clock64() - start >= 0) { }
-{% endif %}
-    if (i < n) y[i] = 2.0f * x[i];
-}
-"""
 
-
+@register
 class FaultyDouble(Family):
     name = "faulty_double"
-    template = ""
-    template_source = TEMPLATE
+    template = "faulty_double.cu.j2"
     dims = ("n",)
     dtypes = ("float32",)
     space = Space((Param("behaviour", ("fault", "hang", "ok"), "b"),))
     default_params = {"behaviour": "ok"}
-    output = "y"
+    outputs = ("y",)
     c_params = "const float* x, float* y, int n"
 
     def launch(self, problem, config):
@@ -56,5 +39,3 @@ class FaultyDouble(Family):
     def bytes_moved(self, problem, case=None):
         return 8 * problem["n"]
 
-
-register(FaultyDouble())

@@ -9,7 +9,7 @@ import pytest
 from tuning_db import TuningDB
 
 from autogen.cli import main
-from autogen.families import get_family
+from autogen.family import get_family
 from autogen.testing.replay import ReplayEvaluator, load
 
 RECORDING = load(Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json")

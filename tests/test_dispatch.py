@@ -12,7 +12,7 @@ from tuning_db import TuningDB
 from autogen import pretuned
 from autogen.dispatch import Dispatcher
 from autogen.errors import NotTunedError
-from autogen.families import get_family
+from autogen.family import get_family
 
 SGEMV = get_family("sgemv")
 

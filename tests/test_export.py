@@ -15,8 +15,9 @@ import pytest
 from autogen import export as export_module
 from autogen.cli import main
 from autogen.export import nearest_index
-from autogen.families import FAMILIES, get_family
-from autogen.families.base import Family
+from autogen import family as family_registry
+from autogen.family import all_families, get_family
+from autogen.family import Family
 from autogen.space import Param, Space
 from conftest import gpu_unavailable_reason
 from nvcc_tools import ARCHS, nvcc_or_skip
@@ -426,7 +427,7 @@ class ScaleTest(Family):
     dtypes = ("float32", "float16")
     space = Space(params=(Param("block", (64, 128, 256), "b"),))
     default_params = {"block": 128}
-    output = "y"
+    outputs = ("y",)
     c_params = "const float* x, float* y, int count, float alpha"
 
 
@@ -443,7 +444,7 @@ def render_scale(family, dtype, config, host_launcher=False):
 
 def test_other_families_export_with_their_own_dims_and_dtypes(tmp_path, monkeypatch, capsys):
     family = ScaleTest()
-    monkeypatch.setitem(FAMILIES, family.name, family)
+    monkeypatch.setitem(family_registry._REGISTRY, family.name, family)
     monkeypatch.setattr(export_module, "render", render_scale)
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     counts = {1000: 64, 4000: 128, 2**20: 256}

@@ -82,7 +82,7 @@ def test_exact_nearest_arch_and_default(cupy, device, dispatcher, db_url):
 
 
 def dispatcher_problem(m, n):
-    from autogen.families import get_family
+    from autogen.family import get_family
     return get_family("sgemv").problem(m=m, n=n)
 
 

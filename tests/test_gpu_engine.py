@@ -18,15 +18,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_faulting_and_hanging_variants_do_not_end_the_run(db_url, capsys):
     import fault_family  # noqa: F401  (registers faulty_double here; the worker imports it too)
-    from autogen.families import get_family
+    from autogen.family import get_family
     from autogen.tuner import TuneOptions, tune
 
-    problem = get_family("faulty_double").problem(n=100000)
+    problem = get_family("fault_family.faulty_double").problem(n=100000)
     result = tune(problem, TuneOptions(trials=3, sampler="exhaustive", db_url=db_url, workers=2,
-                                       eval_timeout_s=15, family_module="fault_family"))
+                                       eval_timeout_s=15))
     from tuning_db import TuningDB
     trials = {t.params["behaviour"]: t for t in TuningDB(db_url).trials(
-        result.device, "faulty_double", "float32", problem.shape_key)}
+        result.device, "fault_family.faulty_double", "float32", problem.shape_key)}
     for behaviour, trial in sorted(trials.items()):
         print(f"{behaviour:>6}: {trial.status:<6} {trial.reason[:150]}")
     print(f"worker restarts: {result.worker_restarts}; winner: {result.winner.trial.kernel_name}")

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from autogen.cli import main
-from autogen.families import get_family
+from autogen.family import get_family
 
 pytestmark = pytest.mark.gpu
 

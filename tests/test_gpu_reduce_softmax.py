@@ -8,7 +8,7 @@ import secrets
 import pytest
 
 from autogen.compile import compile_many
-from autogen.families import get_family
+from autogen.family import get_family
 from autogen.render import render
 
 pytestmark = pytest.mark.gpu

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autogen.compile import compile_many
-from autogen.families import get_family
+from autogen.family import get_family
 from autogen.render import render
 
 pytestmark = pytest.mark.gpu

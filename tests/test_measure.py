@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from autogen.families import get_family
+from autogen.family import get_family
 from autogen.measure import Timing, relative_error, validate
 
 SGEMV = get_family("sgemv")

@@ -5,7 +5,9 @@ import re
 
 import pytest
 
-from autogen.families import FAMILIES
+from autogen.family import all_families
+
+FAMILIES = all_families()
 from autogen.render import render
 from nvcc_tools import ARCHS, extreme_configs, nvcc_compile
 

@@ -8,8 +8,9 @@ from conftest import nvrtc_usable
 
 from autogen.compile import compile_cubin
 from autogen.errors import GpuUnavailableError, UsageError
-from autogen.families import get_family
-from autogen.families.reduce import HEAVY_EDGE, ReplayArena, resident_capacity
+from autogen.family import get_family
+from autogen.families.reduce import HEAVY_EDGE, resident_capacity
+from autogen.peers import ReplayArena
 from autogen.render import render
 
 FAMILY = get_family("reduce")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from autogen.errors import UsageError
-from autogen.families import get_family
+from autogen.family import get_family
 
 FAMILY = get_family("sgemv")
 CONFIGS = list(FAMILY.space.enumerate())

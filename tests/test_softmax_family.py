@@ -10,7 +10,7 @@ from conftest import nvrtc_usable
 
 from autogen.compile import compile_cubin
 from autogen.errors import UsageError
-from autogen.families import get_family
+from autogen.family import get_family
 from autogen.measure import relative_error
 from autogen.render import render
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tuning_db import TuningDB
 
-from autogen.families import get_family
+from autogen.family import get_family
 from autogen.testing.replay import ReplayBackend, load
 from autogen.tuner import TuneOptions, Tuner
 

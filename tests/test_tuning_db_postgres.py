@@ -72,7 +72,7 @@ def test_dispatcher_chain_reads_postgres(pg_url, monkeypatch):
 
     from autogen import pretuned
     from autogen.dispatch import Dispatcher
-    from autogen.families import get_family
+    from autogen.family import get_family
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()

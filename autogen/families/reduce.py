@@ -18,7 +18,8 @@ import numpy as np
 from ..errors import GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from .base import Family, Launch, Peer, Step, device_array, new_output
+from ..family import Family, Launch, Peer, Step, device_array, new_output, register
+from ..peers import ReplayArena
 
 # Resident-thread capacity used where no GPU is visible (CPU tests, planning off-device): the
 # H100 SXM's 132 SMs x 2048 threads. Any grid is correct (threads stride over the vector); on a
@@ -73,15 +74,18 @@ def resident_capacity() -> tuple[int, int]:
     return int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
 
 
+@register
 class Reduce(Family):
     name = "reduce"
     template = "reduce.cu.j2"
+    selftest_template = "export/selftest_reduce.cu.j2"
+    api = "reduce_sum"
     dims = ("n",)
     dtypes = ("float32", "float16")
     space = SPACE
     default_params = {"block_size": 256, "vector_width": 4, "unroll": 4, "elements_per_thread": 32,
                       "block_reduce": "shfl", "cross_block": "last_block"}
-    output = "out"
+    outputs = ("out",)
     # x holds float (f32 variants) or __half (f16 variants), as the kernel name's dtype tag says;
     # `const void*` keeps one signature for both dtypes. out is one float.
     c_params = "const void* x, float* out, int n"
@@ -184,12 +188,7 @@ class Reduce(Family):
 
     def peer(self, problem: Problem) -> Peer | None:
         """cupy.sum (CUB's device reduction for fp32; CuPy's reduction kernel for fp16 in, fp32
-        out). CuPy allocates CUB's temporary storage and a 0-d result from its memory pool on
-        every call; inside stream capture a pool allocation is unsafe (the captured graph keeps
-        an address the pool hands to someone else after capture). So the call runs under a
-        CuPy allocator that serves those requests from one buffer the peer owns: sized by a
-        warm-up call outside capture (which also compiles CuPy's kernels), and handing out the
-        same addresses on every call, which is safe because calls are ordered on one stream."""
+        out), under a ReplayArena so that its allocations are safe inside stream capture."""
         try:
             from ..gpu import require_cupy
             cupy = require_cupy()
@@ -208,47 +207,8 @@ class Reduce(Family):
         return Peer("cupy.sum" + (" (CUB)" if problem.dtype == "float32" else " (fp32 accumulation)"), run)
 
 
-class ReplayArena:
-    """A CuPy allocator for a library call timed inside stream capture: every call gets the same
-    addresses, in the same order, from one buffer kept alive as long as the arena."""
-
-    ALIGN = 256
-
-    def __init__(self, cupy, call):
-        self._cupy = cupy
-        requests: list[int] = []
-        pool_malloc = cupy.get_default_memory_pool().malloc
-
-        def recording(size: int):
-            requests.append(size)
-            return pool_malloc(size)
-
-        with cupy.cuda.using_allocator(recording):
-            call()
-        cupy.cuda.get_current_stream().synchronize()
-        self.capacity = max(self.ALIGN, sum(_round_up(size, self.ALIGN) for size in requests))
-        self._buffer = cupy.cuda.alloc(self.capacity)
-        self._offset = 0
-
-    def malloc(self, size: int):
-        start = self._offset
-        self._offset += _round_up(size, self.ALIGN)
-        if self._offset > self.capacity:
-            raise MemoryError(f"the call asked for more than the {self.capacity} bytes its warm-up needed")
-        return self._buffer + start
-
-    def run(self, call) -> None:
-        self._offset = 0
-        with self._cupy.cuda.using_allocator(self.malloc):
-            call()
-
-
 def _reduce_arguments(x):
     return (x,)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 def _heavy_edges(xp, values, dtype: str):

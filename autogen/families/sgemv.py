@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..problem import Config, Problem
-from ..space import Param, Space
 import functools
 
+import numpy as np
+
 from ..errors import ArgumentError
-from .base import Family, Launch, Peer, Step, device_array, new_output, random_uniform
+from ..problem import Config, Problem
+from ..space import Param, Space
+from ..family import Family, Launch, Peer, Step, device_array, new_output, random_uniform, register
 
 
 def _row_fits_block(p) -> str | None:
@@ -41,15 +41,18 @@ SPACE = Space(
 )
 
 
+@register
 class Sgemv(Family):
     name = "sgemv"
     template = "sgemv.cu.j2"
+    selftest_template = "export/selftest_sgemv.cu.j2"
+    api = "sgemv"
     dims = ("m", "n")
     dtypes = ("float32",)
     space = SPACE
     default_params = {"threads_per_row": 32, "vector_width": 4, "warps_per_block": 4,
                       "rows_per_group": 1, "unroll": 2, "x_path": "ldg", "reduce": "shfl"}
-    output = "y"
+    outputs = ("y",)
     c_params = "const float* A, const float* x, float* y, int m, int n, float alpha, float beta"
     tolerance = 1e-5
     description = "y = alpha * A x + beta * y, fp32, A row-major m x n"
@@ -123,12 +126,11 @@ class Sgemv(Family):
         return 2 * problem["m"] * problem["n"]
 
     def peer(self, problem: Problem) -> Peer | None:
-        try:
-            import cupy
-            from ..cublas_capture import CublasHandle
-            handle = CublasHandle()
-        except Exception:  # no cuBLAS library on this machine
+        from ..peers import cublas_handle
+        handle = cublas_handle()
+        if handle is None:
             return None
+        import cupy
         m, n = problem["m"], problem["n"]
 
         def run(inputs: dict) -> None:

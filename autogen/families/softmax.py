@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import GpuUnavailableError
+from ..errors import ArgumentError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..errors import ArgumentError
-from .base import Family, Launch, Peer, device_array, new_output, random_uniform
+from ..family import Family, Launch, Peer, device_array, new_output, random_uniform, register
 
 MIN_BLOCK = 128  # threads per block when a row takes fewer: rows_per_block = block / threads_per_row
 
@@ -59,15 +58,18 @@ SPACE = Space(
 )
 
 
+@register
 class Softmax(Family):
     name = "softmax"
     template = "softmax.cu.j2"
+    selftest_template = "export/selftest_softmax.cu.j2"
+    api = "softmax"
     dims = ("rows", "cols")
     dtypes = ("float32", "float16")
     space = SPACE
     default_params = {"threads_per_row": 32, "vector_width": 4, "unroll": 8, "reduce": "shfl",
                       "row_cache": "registers", "passes": "online"}
-    output = "y"
+    outputs = ("y",)
     # x and y hold float (f32 variants) or __half (f16 variants), as the kernel name's dtype tag
     # says; `void*` keeps one signature for both dtypes.
     c_params = "const void* x, void* y, int rows, int cols"
@@ -159,39 +161,16 @@ class Softmax(Family):
         """torch.softmax, run inside CuPy's stream capture on the capturing stream (torch's
         ExternalStream over CuPy's current stream). Nothing may allocate during capture, so an
         out= form writes into the inputs' own y (torch.softmax(x, -1, out=y), or
-        torch._softmax(x, -1, False, out=y) where the first is refused); each input set's CuPy
-        arrays are wrapped as tensors once (zero-copy through __cuda_array_interface__, no CUDA
-        stream work) and reused. A warm-up outside capture initialises torch's CUDA state, picks
+        torch._softmax(x, -1, False, out=y) where the first is refused). A warm-up outside capture initialises torch's CUDA state, picks
         the out= form and loads torch's kernel for this shape and dtype. Checked on torch 2.11:
         the replayed graph's output matches the float64 reference (tests/test_gpu_reduce_softmax.py)."""
-        try:
-            import torch
-        except ImportError:
-            return None
-        try:
-            from ..gpu import require_cupy
-            cupy = require_cupy()
-        except GpuUnavailableError:
-            return None
-        if not torch.cuda.is_available():
+        from ..peers import torch_cuda, torch_stream_peer
+        torch = torch_cuda()
+        if torch is None:
             return None
         softmax_into = _torch_softmax_out(torch, problem)
-        wrapped: dict[int, tuple] = {}
-
-        def tensors(inputs: dict):
-            entry = wrapped.get(id(inputs))
-            if entry is None or entry[0] is not inputs:  # the dict is kept, so ids are not reused
-                entry = (inputs, torch.as_tensor(inputs["x"], device="cuda"),
-                         torch.as_tensor(inputs["y"], device="cuda"))
-                wrapped[id(inputs)] = entry
-            return entry[1], entry[2]
-
-        def run(inputs: dict) -> None:
-            x, y = tensors(inputs)
-            with torch.cuda.stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr)):
-                softmax_into(x, y)
-
-        return Peer("torch.softmax", run)
+        return torch_stream_peer("torch.softmax", {"x": problem.dtype, "y": problem.dtype},
+                                 lambda t: softmax_into(t["x"], t["y"]))
 
 
 def _torch_softmax_out(torch, problem: Problem):

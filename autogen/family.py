@@ -1,0 +1,448 @@
+"""What every kernel family provides, and the registry that finds families.
+
+A family, built in or a user's own, is one Python module holding a Family subclass decorated with
+@register, plus one Jinja2 template beside that module (built-in families keep theirs in the
+top-level templates/ folder), plus optionally one self-test template for `autogen export`. Core
+modules never name a family: they go through this registry.
+
+    import autogen
+
+    @autogen.register
+    class Axpy(autogen.Family):
+        name = "axpy"                    # stored as "<top-level package>.axpy" for user families
+        template = "axpy.cu.j2"          # looked up beside this module, then in autogen's templates
+        ...
+
+Installed packages make their families visible to the CLI through the entry-point group
+`autogen.families` (the value names the module that registers them).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .dtypes import DTYPES
+from .errors import ArgumentError, UsageError
+from .problem import Config, Problem, shape_distance
+from .space import Space
+
+# Each dimension must fit the kernels' 32-bit int arguments.
+MAX_DIM = 2**31 - 1
+ENTRY_POINT_GROUP = "autogen.families"
+BUILTIN_PACKAGE = "autogen.families"
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0  # dynamic shared memory; static shared memory is in the source
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel launch of a variant. Most variants are one step; a two-kernel reduction is two.
+    `symbol` is the extern "C" name: the variant's kernel name plus `suffix`."""
+
+    suffix: str
+    launch: Launch
+    args: Callable[[dict], tuple]  # kernel arguments, from the inputs dict
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The library routine a family is compared with, run on the current stream."""
+
+    name: str
+    run: Callable[[dict], Any]  # takes the same inputs dict as the kernel
+
+
+@dataclass(frozen=True)
+class Trait:
+    """A categorical attribute of a problem that changes the best kernel but is not a size:
+    the data distribution of a histogram, GELU's approximation. Part of the database key; the
+    CLI takes it as --<name>; `parse` turns the user's text (e.g. "0.5") into a choice."""
+
+    name: str
+    choices: tuple[str, ...]
+    help: str = ""
+    parse: Callable[[str], str] | None = None
+
+    def value(self, given: object) -> str:
+        text = str(given)
+        value = self.parse(text) if self.parse is not None else text
+        if value not in self.choices:
+            raise UsageError(f"{self.name} must be one of {', '.join(self.choices)}, not {given!r}")
+        return value
+
+
+class Family:
+    """Base class. Subclasses set the class attributes and implement the methods that raise."""
+
+    name: str  # "sgemv"; a user family's is namespaced by @register: "mykernels.axpy"
+    template: str  # the kernel template's file name, beside the module or in templates/
+    selftest_template: str | None = None  # `autogen export --self-test` hook (see export/selftest.cu.j2)
+    dims: tuple[str, ...]  # integer dimensions in order, e.g. ("m", "n")
+    traits: tuple[Trait, ...] = ()  # categorical problem attributes, after the dims in the key
+    dtypes: tuple[str, ...]  # supported dtype names (autogen.dtypes.DTYPES), the first the default
+    space: Space
+    default_params: Mapping[str, int | str]  # served when nothing is tuned; must be valid
+    outputs: tuple[str, ...]  # the inputs-dict entries the kernel writes, each validated
+    # C parameter list shared by every variant's host launcher and the exported entry point
+    # (templates rendered with host_launcher=True define `<kernel_name>_launch(c_params, stream)`).
+    c_params: str
+    c_headers: tuple[str, ...] = ("cuda_runtime.h",)
+    tolerance: float = 1e-5  # relative L2 error allowed against the float64 reference
+    description: str = ""
+    # What bounds the family: "memory" (bytes over the measured copy bandwidth) or "compute"
+    # (flops over the measured FP32 FMA peak); reports state the share of that floor.
+    roofline: str = "memory"
+    api: str | None = None  # the Python call: autogen.<api>(...), bound by `bind`
+
+    # --- identity -------------------------------------------------------------------------
+    @property
+    def symbol(self) -> str:
+        """The name as a C identifier: kernel names and exported symbols start with it."""
+        return self.name.replace(".", "_")
+
+    @property
+    def module(self) -> str:
+        """The module that registers this family: the GPU worker imports it to find it."""
+        return type(self).__module__
+
+    def template_dirs(self) -> list[Path]:
+        """Where this family's templates are looked up: beside its module, then autogen's."""
+        from .render import templates_dir
+        here = Path(sys.modules[self.module].__file__).resolve().parent
+        return [here, templates_dir()] if here != templates_dir() else [here]
+
+    # --- problems -------------------------------------------------------------------------
+    def problem(self, dtype: str | None = None, **dims: int | str) -> Problem:
+        """A validated Problem; bad dimensions, traits or dtype raise UsageError naming them."""
+        dtype = dtype or self.dtypes[0]
+        if dtype not in self.dtypes:
+            raise UsageError(f"{self.name} supports dtype {', '.join(self.dtypes)}, not {dtype!r}")
+        names = self.dims + tuple(t.name for t in self.traits)
+        missing = [d for d in self.dims if d not in dims]
+        extra = [d for d in dims if d not in names]
+        if missing or extra:
+            raise UsageError(
+                f"{self.name} needs dimensions {', '.join(self.dims)}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(extra)}" if extra else "")
+            )
+        values = []
+        for d in self.dims:
+            value = dims[d]
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise UsageError(f"{self.name}: {d} must be an integer, got {value!r}")
+            if not 1 <= value <= MAX_DIM:
+                raise UsageError(f"{self.name}: {d} must be between 1 and {MAX_DIM}, got {value}")
+            values.append((d, int(value)))
+        for trait in self.traits:
+            values.append((trait.name, trait.value(dims.get(trait.name, trait.choices[0]))))
+        problem = Problem(self.name, dtype, tuple(values))
+        self.check_problem(problem)
+        return problem
+
+    def check_problem(self, problem: Problem) -> None:
+        """Raise UsageError for a shape the family cannot compute (e.g. a bias size that does
+        not divide n). Default: every shape is fine."""
+
+    def tolerance_for(self, problem: Problem) -> float:
+        """The relative error a variant may show on this problem (families with several dtypes
+        may differ per dtype)."""
+        return self.tolerance
+
+    def default_config(self) -> Config:
+        return self.space.check(self.default_params)
+
+    def distance(self, a: Problem, b: Problem) -> float:
+        """How far apart two shapes are, for the nearest-tuned-shape fallback."""
+        return shape_distance(a, b)
+
+    # --- code -----------------------------------------------------------------------------
+    def kernel_name(self, dtype: str, config: Config) -> str:
+        """Procedural name, e.g. sgemv_f32_tpr4_vw4_wpb4_rpg1_u2_xldg_rshfl: the extern "C"
+        symbol, part of the database key and the exported symbol."""
+        parts = [self.symbol, DTYPES[dtype].tag]
+        parts += [f"{self.space.param(k).abbrev}{v}" for k, v in config.params]
+        return "_".join(parts)
+
+    def c_params_for(self, dtype: str) -> str:
+        """The C parameter list of this dtype's variants (default: the same for every dtype)."""
+        return self.c_params
+
+    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False) -> dict:
+        d = DTYPES[dtype]
+        return {"kernel_name": self.kernel_name(dtype, config), "dtype": dtype,
+                "elem_t": d.c_type, "dtype_bytes": d.itemsize,
+                "host_launcher": host_launcher, "c_params": self.c_params_for(dtype), **config.as_dict()}
+
+    def launch(self, problem: Problem, config: Config) -> Launch:
+        raise NotImplementedError
+
+    def plan(self, problem: Problem, config: Config) -> list[Step]:
+        """The launches of one call, in order. Default: the one kernel of `launch`."""
+        return [Step("", self.launch(problem, config), lambda inputs: self.kernel_args(problem, inputs))]
+
+    def reject_reason(self, problem: Problem, config: Config) -> str | None:
+        """Why a valid config is not worth timing on this shape (search pruning), or None."""
+        return None
+
+    # --- data -----------------------------------------------------------------------------
+    def validation_cases(self, problem: Problem) -> list[dict]:
+        """Scalar settings each variant is checked under; each runs on fresh random inputs."""
+        return [{}]
+
+    def timing_case(self, problem: Problem) -> dict:
+        return self.validation_cases(problem)[0]
+
+    def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
+        """Arrays (numpy or cupy, per xp) and scalars for one launch; every output poisoned
+        (NaN, or a sentinel for integers) wherever the kernel must overwrite it."""
+        raise NotImplementedError
+
+    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
+        raise NotImplementedError
+
+    def reference(self, problem: Problem, inputs: dict, xp=np):
+        """The expected output in float64, computed with xp (numpy, or cupy on the GPU): an
+        array for a family with one output, else a dict keyed by output name."""
+        raise NotImplementedError
+
+    def reference_magnitude(self, problem: Problem, inputs: dict, xp=np):
+        """The denominator of the relative error, or None for the reference itself. Families
+        whose outputs are sums of signed terms return the same sums of |terms|: that is the
+        scale floating-point rounding is proportional to, so a near-zero output by cancellation
+        (likely on tiny shapes) does not fail a correct kernel."""
+        return None
+
+    def compare(self, problem: Problem, inputs: dict, expected, magnitude, xp=np) -> tuple[float, str]:
+        """(error, why it fails or ""): the worst relative L2 error over the outputs. Families
+        whose results are exact (integers, selected values) override this with an exact check."""
+        from .measure import relative_error
+        worst = 0.0
+        for name in self.outputs:
+            ref = expected[name] if isinstance(expected, dict) else expected
+            scale = magnitude[name] if isinstance(magnitude, dict) else magnitude
+            error, reason = relative_error(xp, self.output_values(problem, inputs, name, xp), ref, scale)
+            if reason:
+                return error, (f"{name}: {reason}" if len(self.outputs) > 1 else reason)
+            worst = max(worst, error)
+        return worst, ""
+
+    def output_values(self, problem: Problem, inputs: dict, name: str, xp=np):
+        """An output as float64-comparable values (bfloat16 bit patterns decoded)."""
+        from .dtypes import to_float64
+        array = inputs[name]
+        return to_float64(xp, array, "bfloat16") if problem.dtype == "bfloat16" and array.dtype == xp.uint16 \
+            else array
+
+    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
+        """The fewest bytes one launch must move through device memory."""
+        raise NotImplementedError
+
+    def flops(self, problem: Problem) -> int:
+        return 0
+
+    def peer(self, problem: Problem) -> Peer | None:
+        return None
+
+    # --- calls from Python (the dispatcher) -------------------------------------------------
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict) -> tuple[Problem, dict, Any]:
+        """Check a call's operands (on the current `device`) and turn them into
+        (problem, inputs dict, value to return)."""
+        raise NotImplementedError(f"{self.name} has no Python call API")
+
+
+# --- the registry ---------------------------------------------------------------------------
+
+_REGISTRY: dict[str, Family] = {}
+_builtins_loaded = False
+_entry_points_loaded = False
+
+
+def register(family):
+    """Class decorator (or call on an instance): make a family known to the CLI, the tuner, the
+    dispatcher and export. A family defined outside autogen gets a namespaced name, its top-level
+    package (or module) and its own name: `mykernels.axpy`."""
+    instance = family() if isinstance(family, type) else family
+    module = type(instance).__module__
+    if "." not in instance.name and not module.startswith(BUILTIN_PACKAGE + "."):
+        instance.name = f"{module.split('.')[0]}.{instance.name}"
+    _check_definition(instance)
+    known = _REGISTRY.get(instance.name)
+    if known is not None and type(known).__qualname__ != type(instance).__qualname__:
+        raise UsageError(f"family {instance.name!r} is registered twice ({known.module} and {module})")
+    if instance.api:
+        clash = next((f for f in _REGISTRY.values() if f.api == instance.api and f.name != instance.name), None)
+        if clash is not None:
+            raise UsageError(f"{instance.name}: the call name autogen.{instance.api} is taken by {clash.name}")
+    _REGISTRY[instance.name] = instance
+    return family
+
+
+def _check_definition(family: Family) -> None:
+    """A family definition that would break later (at render or export) fails at registration."""
+    where = f"family {getattr(family, 'name', '?')!r} ({type(family).__module__})"
+    for attribute in ("name", "template", "dims", "dtypes", "space", "default_params", "outputs", "c_params"):
+        if not hasattr(family, attribute):
+            raise UsageError(f"{where} does not define {attribute}")
+    if not all(part.isidentifier() for part in family.name.split(".")):
+        raise UsageError(f"{where}: the name must be identifiers joined by dots")
+    unknown = [d for d in family.dtypes if d not in DTYPES]
+    if unknown:
+        raise UsageError(f"{where}: unknown dtype(s) {', '.join(unknown)}; known: {', '.join(DTYPES)}")
+    if family.roofline not in ("memory", "compute"):
+        raise UsageError(f"{where}: roofline must be 'memory' or 'compute'")
+    family.space.check(family.default_params)  # the default must be a valid point
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        import pkgutil
+        package = importlib.import_module(BUILTIN_PACKAGE)
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{BUILTIN_PACKAGE}.{info.name}")
+
+
+def _load_entry_points() -> None:
+    """Import every module an installed package declares under `autogen.families`."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except Exception as exc:  # one broken plug-in must not take the CLI down
+            print(f"autogen: warning: cannot load family plug-in {entry.name!r} ({entry.value}): "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def all_families(include_plugins: bool = True) -> dict[str, Family]:
+    """Every registered family by name: built-ins, plug-ins, and whatever user modules have
+    registered so far."""
+    _load_builtins()
+    if include_plugins:
+        _load_entry_points()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get_family(name: str) -> Family:
+    """The family called `name`; a dotted name not yet registered is imported (`mykernels.axpy`
+    imports the module mykernels.axpy, else mykernels) or found among the plug-ins."""
+    _load_builtins()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if "." in name and all(part.isidentifier() for part in name.split(".")):
+        parts = name.split(".")
+        for end in range(len(parts), 0, -1):
+            try:
+                importlib.import_module(".".join(parts[:end]))
+            except ModuleNotFoundError as exc:
+                if exc.name is not None and not ".".join(parts[:end]).startswith(exc.name):
+                    raise UsageError(f"cannot import the module of family {name!r}: {exc}") from None
+                continue
+            if name in _REGISTRY:
+                return _REGISTRY[name]
+    _load_entry_points()
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    raise UsageError(f"unknown family {name!r}; known: {', '.join(sorted(_REGISTRY))} (a user family is "
+                     "named <package>.<name> and found by importing the package)")
+
+
+def family_for_api(api: str) -> Family | None:
+    """The family whose Python call is autogen.<api>."""
+    for family in all_families(include_plugins=False).values():
+        if family.api == api:
+            return family
+    return None
+
+
+# --- operand helpers for bind() -------------------------------------------------------------
+
+def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int, device: int):
+    """A CuPy view of a caller's CUDA array (CuPy, PyTorch, __cuda_array_interface__ or DLPack),
+    checked for dtype (names of autogen.dtypes; bfloat16 arrives as its uint16 bit patterns),
+    rank, layout and device (the current one); errors name the argument."""
+    if type(obj) is cupy.ndarray:
+        array = obj
+    elif hasattr(obj, "__cuda_array_interface__"):
+        array = cupy.asarray(obj)
+    elif hasattr(obj, "__dlpack__") and _on_cuda(obj):
+        array = cupy.from_dlpack(_bits_if_bfloat16(obj))
+    else:
+        raise ArgumentError(f"{name} must be a CUDA array (CuPy, PyTorch, or anything with "
+                            f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}")
+    if array.ndim != ndim:
+        raise ArgumentError(f"{name} must be {ndim}-dimensional, got shape {array.shape}")
+    if array.dtype not in _dtype_objects(dtypes):  # dtype.name is slow: compare dtype objects
+        raise ArgumentError(f"{name} must have dtype {' or '.join(dtypes)}, got {dtype_name(array)}")
+    if not array._c_contiguous:  # CuPy's own flag; .flags builds an object on every call
+        raise ArgumentError(f"{name} must be C-contiguous (row-major, no strides)")
+    if array.data.device_id != device:
+        raise ArgumentError(f"{name} is on GPU {array.data.device_id}, but the current device is GPU {device}")
+    return array
+
+
+def dtype_name(array) -> str:
+    """The autogen dtype name of an array as stored (uint16 is bfloat16's bit patterns)."""
+    return _NAME_OF_STORAGE.get(array.dtype, array.dtype.name)
+
+
+_NAME_OF_STORAGE = {np.dtype(d.storage): d.name for d in reversed(list(DTYPES.values()))
+                    if d.storage != "uint16" or d.name == "bfloat16"}
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_objects(dtypes: tuple[str, ...]) -> tuple:
+    return tuple(np.dtype(DTYPES[d].storage) for d in dtypes)
+
+
+def _bits_if_bfloat16(obj):
+    # CuPy has no bfloat16: a torch bfloat16 tensor is handed over as its uint16 bit patterns.
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.dtype == torch.bfloat16:
+        return obj.view(torch.uint16)
+    return obj
+
+
+def _on_cuda(obj) -> bool:
+    # DLPack device types: 2 = CUDA, 13 = CUDA managed. A host array (NumPy) is refused.
+    try:
+        return obj.__dlpack_device__()[0] in (2, 13)
+    except Exception:
+        return False
+
+
+def new_output(cupy, like, shape: tuple[int, ...], dtype: str):
+    """An output of the caller's kind: a torch tensor when the operand is one, else CuPy (a
+    bfloat16 CuPy output holds bit patterns, dtype uint16)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        return torch.empty(shape, dtype=getattr(torch, DTYPES[dtype].torch_name), device=like.device)
+    return cupy.empty(shape, dtype=DTYPES[dtype].storage)
+
+
+def random_uniform(xp, rng, shape, dtype) -> Any:
+    """Uniform in [-0.5, 0.5): never zeros, so unwritten outputs and bad indexing show. `dtype`
+    is an autogen dtype name ("bfloat16" gives bit patterns) or a NumPy/CuPy dtype."""
+    from .dtypes import to_storage
+    values = rng.random(shape, dtype=xp.float32) - xp.float32(0.5)
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return to_storage(xp, values, dtype)
+    return values.astype(dtype, copy=False)
