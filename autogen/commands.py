@@ -5,34 +5,39 @@ from __future__ import annotations
 import statistics
 import sys
 
-from .errors import GpuUnavailableError, NotTunedError, UsageError
+from .errors import InvalidConfigError, NotTunedError, UsageError
 from .family import get_family
-from .report import performance, render_table, to_json, tune_summary, tune_table
+from .options import check_db_url, check_export_out, check_tune_options, problems_from_args
+from .report import performance, render_table, terminal_text, to_json, tune_summary, tune_table
 
 
 def run(args) -> int:
+    if hasattr(args, "db"):
+        args.db = check_db_url(args.db)
     handler = {"tune": cmd_tune, "bench": cmd_bench, "list": cmd_list, "show": cmd_show, "db": cmd_db,
                "export": cmd_export}
     return handler[args.command](args)
 
 
-def cmd_tune(args) -> int:
-    from .cli import problems_from_args
-    from .gpu import require_cupy
-    from .tuner import TuneOptions, tune
+def _family(args):
+    return args.family_object or get_family(args.family)
 
-    problems = problems_from_args(args)
-    require_cupy()
+
+def cmd_tune(args) -> int:
+    from .gpu import require_cupy
+    from .tuner import TuneOptions, check_options, tune
+
+    check_tune_options(args)
+    problems = problems_from_args(args, _family(args))
     options = TuneOptions(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed,
                           cache_mode=args.cache, db_url=args.db, warm_start=not args.no_warm_start,
                           eval_timeout_s=args.eval_timeout,
                           **({"workers": args.workers} if args.workers else {}))
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    check_options(options)
+    require_cupy()
     documents = []
     for problem in problems:
-        result = tune(problem, options)
-        document = tune_summary(result)
+        document = tune_summary(tune(problem, options))
         documents.append(document)
         if not args.json:
             print(tune_table(document) + ("\n" if len(problems) > 1 else ""), flush=True)
@@ -42,16 +47,16 @@ def cmd_tune(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .cli import problems_from_args
+    from tuning_db import TuningDB
+
     from .compile import compile_cubin
     from .gpu import require_cupy
     from .render import render
     from .worker import IsolatedEvaluator, WorkSpec
-    from tuning_db import TuningDB
 
-    (problem,) = problems_from_args(args)
+    family = _family(args)
+    (problem,) = problems_from_args(args, family)
     require_cupy()
-    family = get_family(problem.family)
     db = TuningDB(args.db)
     with IsolatedEvaluator(WorkSpec.of(problem, args.cache)) as evaluator:
         winner = db.winner(evaluator.device, problem.family, problem.dtype, problem.shape_key)
@@ -59,104 +64,123 @@ def cmd_bench(args) -> int:
             raise NotTunedError(f"nothing tuned for {problem} on {evaluator.device.name} in {db.url}; "
                                 f"run `autogen tune {problem.family} ...` first")
         config = family.space.check(winner.trial.params)  # never render unchecked stored values
+        name = family.kernel_name(problem.dtype, config)
         cubin = compile_cubin(render(family, problem.dtype, config), evaluator.device.arch)
-        outcome = evaluator.evaluate(winner.trial.kernel_name, cubin, config.as_dict())
+        outcome = evaluator.evaluate(name, cubin, config.as_dict())
         if outcome.status != "ok":
-            raise NotTunedError(f"the stored winner {winner.trial.kernel_name} failed now: {outcome.reason}")
-        peer = evaluator.call("time_peer")
-        copy_gbs = evaluator.call("copy_bandwidth_gbs")
+            raise NotTunedError(f"the stored winner {name} failed now: {outcome.reason}")
+        peer = evaluator.time_peer()
+        ceilings = evaluator.ceilings()
     time_us = statistics.median(outcome.samples_us)
     peer_us = statistics.median(peer[1]) if peer else None
     bytes_moved = family.bytes_moved(problem, family.timing_case(problem))
     document = {
-        "problem": str(problem), "gpu": evaluator.device.name, "kernel": winner.trial.kernel_name,
+        "problem": str(problem), "gpu": evaluator.device.name, "kernel": name,
         "cache": args.cache, "stored_time_us": winner.trial.time_us, "error": outcome.error,
-        "peer": peer[0] if peer else None, "copy_bandwidth_gb_per_s": round(copy_gbs, 1),
-        **performance(time_us, bytes_moved, family.flops(problem), copy_gbs, peer_us),
+        "peer": peer[0] if peer else None, "copy_bandwidth_gb_per_s": round(ceilings.copy_gbs, 1),
+        "fp32_peak_tflop_per_s": round(ceilings.fp32_tflops, 2),
+        **performance(time_us, bytes_moved, family.flops(problem), ceilings.copy_gbs, peer_us,
+                      family.roofline, ceilings.fp32_tflops),
     }
     if args.json:
         print(to_json(document))
-    else:
-        print(render_table([
-            ("problem", document["problem"]), ("gpu", document["gpu"]), ("kernel", document["kernel"]),
-            ("time now", f"{time_us:.3f} us (stored {winner.trial.time_us:.3f} us)"),
-            ("bandwidth", f"{document['gb_per_s']} GB/s, {document['pct_of_floor']}% of the copy bandwidth "
-                          f"{document['copy_bandwidth_gb_per_s']} GB/s"),
-            ("peer", f"{document['peer']} {peer_us:.3f} us -> speedup {document['speedup_vs_peer']:.2f}x"
-             if peer else "unavailable"),
-            ("validation", f"relative L2 error {outcome.error:.2e}"),
-        ]))
+        return 0
+    ceiling = (f"the FP32 peak {document['fp32_peak_tflop_per_s']} TFLOP/s" if family.roofline == "compute"
+               else f"the copy bandwidth {document['copy_bandwidth_gb_per_s']} GB/s")
+    print(render_table([
+        ("problem", document["problem"]), ("gpu", document["gpu"]), ("kernel", document["kernel"]),
+        ("time now", f"{time_us:.3f} us (stored {winner.trial.time_us:.3f} us)"),
+        ("throughput", f"{document['gb_per_s']} GB/s" + (f", {document['tflop_per_s']} TFLOP/s"
+                                                         if document["tflop_per_s"] else "")),
+        ("% of floor", f"{document['pct_of_floor']}% of {ceiling}"),
+        ("peer", f"{document['peer']} {peer_us:.3f} us -> speedup {document['speedup_vs_peer']:.2f}x"
+         if peer else "unavailable"),
+        ("validation", f"relative L2 error {outcome.error:.2e}"),
+    ]))
     return 0
 
 
-def cmd_list(args) -> int:
+def _winners(db_url, **filters):
+    """(source, winner) for every winner of the user's database and the shipped catalog."""
     from tuning_db import TuningDB
 
+    from .pretuned import WithCatalog
+    return WithCatalog(TuningDB(db_url)).labelled_winners(**filters)
+
+
+def cmd_list(args) -> int:
     if args.family:
         get_family(args.family)
-    winners = TuningDB(args.db).winners(family=args.family)
     rows = []
-    for w in sorted(winners, key=lambda w: (w.device.name, w.trial.family, w.trial.dtype, w.trial.shape_key)):
-        speedup = w.peer_time_us / w.trial.time_us if w.peer_time_us else None
+    for source, w in sorted(_winners(args.db, family=args.family),
+                            key=lambda p: (p[1].device.name, p[1].trial.family, p[1].trial.dtype, p[1].trial.shape_key)):
+        speedup = w.peer_time_us / w.trial.time_us if w.peer_time_us and w.trial.time_us else None
         rows.append({"gpu": w.device.name, "family": w.trial.family, "dtype": w.trial.dtype,
                      "shape": w.trial.shape_key, "kernel": w.trial.kernel_name,
-                     "time_us": round(w.trial.time_us, 3),
+                     "time_us": round(w.trial.time_us, 3) if w.trial.time_us else None,
                      "peer_time_us": round(w.peer_time_us, 3) if w.peer_time_us else None,
-                     "speedup": round(speedup, 3) if speedup else None})
+                     "speedup": round(speedup, 3) if speedup else None, "source": source})
     if args.json:
         print(to_json(rows))
         return 0
     if not rows:
         print("nothing tuned yet", file=sys.stderr)
         return 0
-    header = ("gpu", "family", "dtype", "shape", "kernel", "time_us", "peer_time_us", "speedup")
-    widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in header]
+    header = ("gpu", "family", "dtype", "shape", "kernel", "time_us", "peer_time_us", "speedup", "source")
+    cells = [[terminal_text(r[h] if r[h] is not None else "-") for h in header] for r in rows]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    for r in rows:
-        print("  ".join(str(r[h] if r[h] is not None else "-").ljust(w) for h, w in zip(header, widths)))
+    for row in cells:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
     return 0
 
 
 def cmd_show(args) -> int:
-    from tuning_db import TuningDB
-    from .cli import problems_from_args
     from .render import render
 
-    (problem,) = problems_from_args(args)
-    family = get_family(problem.family)
-    matches = [w for w in TuningDB(args.db).winners(family=problem.family, dtype=problem.dtype)
+    family = _family(args)
+    (problem,) = problems_from_args(args, family)
+    matches = [(source, w) for source, w in _winners(args.db, family=problem.family, dtype=problem.dtype)
                if w.trial.shape_key == problem.shape_key]
     gpu = args.gpu or _local_gpu_name()
     if gpu:
-        matches = [w for w in matches if w.device.name == gpu]
+        matches = [(s, w) for s, w in matches if w.device.name == gpu]
     if not matches:
         raise NotTunedError(f"nothing stored for {problem}" + (f" on {gpu}" if gpu else ""))
     if len(matches) > 1:
-        names = ", ".join(sorted({w.device.name for w in matches}))
+        names = ", ".join(sorted({w.device.name for _, w in matches}))
         raise UsageError(f"{problem} is tuned on several GPUs ({names}); pick one with --gpu")
-    winner = matches[0]
-    config = family.space.check(winner.trial.params)
+    source, winner = matches[0]
+    try:
+        config = family.space.check(winner.trial.params)
+    except InvalidConfigError as exc:
+        raise InvalidConfigError(f"the stored winner of {problem} is invalid: {exc}") from None
+    name = family.kernel_name(problem.dtype, config)  # what the rendered source defines
     document = {
-        "problem": str(problem), "kernel": winner.trial.kernel_name, "params": config.as_dict(),
+        "problem": str(problem), "kernel": name, "params": config.as_dict(),
         "time_us": winner.trial.time_us, "peer": winner.peer_name, "peer_time_us": winner.peer_time_us,
+        "stored_in": "the shipped catalog" if source == "shipped" else "your database",
         "provenance": {
             "gpu": winner.device.name, "compute_capability": winner.device.compute_capability,
             "sm_count": winner.device.sm_count, "l2_bytes": winner.device.l2_bytes,
             "driver_version": winner.device.driver_version, "runtime_version": winner.device.runtime_version,
             "nvrtc_version": winner.device.nvrtc_version, "compile_options": winner.trial.compile_options,
             "source_hash": winner.trial.source_hash, "cache_mode": winner.trial.cache_mode,
-            "autogen_version": winner.autogen_version, "updated_at": winner.updated_at,
+            "autogen_version": winner.autogen_version, "tuned_at": winner.updated_at,
         },
         "source": render(family, problem.dtype, config),
     }
+    if winner.trial.kernel_name != name:
+        document["stored_name"] = winner.trial.kernel_name
     if args.json:
         print(to_json(document))
         return 0
     rows = [(k, v) for k, v in document.items() if k not in ("source", "provenance", "params")]
     rows.append(("params", " ".join(f"{k}={v}" for k, v in document["params"].items())))
     rows += list(document["provenance"].items())
-    print(render_table(rows))
+    print(render_table([(label, terminal_text(value)) for label, value in rows]))
     print()
+    print(f"// source of {name}")
     print(document["source"])
     return 0
 
@@ -164,7 +188,8 @@ def cmd_show(args) -> int:
 def cmd_export(args) -> int:
     from .export import ExportRequest, export
 
-    result = export(ExportRequest(args.family, args.out, gpu=args.gpu, arch=args.arch, db_url=args.db,
+    out = check_export_out(args.out)
+    result = export(ExportRequest(args.family, out, gpu=args.gpu, arch=args.arch, db_url=args.db,
                                   self_test=args.self_test))
     summary = result.summary()
     if args.self_test and not summary["self_test_hook"]:
@@ -189,6 +214,7 @@ def cmd_db(args) -> int:
 
 
 def _local_gpu_name() -> str | None:
+    from .errors import GpuUnavailableError
     try:
         from .gpu import device_identity
         return device_identity().name

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 from .errors import CompileError, GpuUnavailableError
+from .paths import kernel_cache_dir, write_atomically
 
 CACHE_VERSION = "1"  # bump when the way binaries are produced changes
 BASE_OPTIONS = ("-std=c++17",)
@@ -37,13 +37,6 @@ def compile_options(arch: str) -> tuple[str, ...]:
     return BASE_OPTIONS + (f"--gpu-architecture={arch}",)
 
 
-def default_cache_dir() -> Path:
-    if os.environ.get("AUTOGEN_CACHE_DIR"):
-        return Path(os.environ["AUTOGEN_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "autogen" / "kernels"
-
-
 def cache_key(source: str, options: tuple[str, ...], nvrtc: str) -> str:
     digest = hashlib.sha256(f"autogen-cubin-{CACHE_VERSION}\0nvrtc-{nvrtc}\0".encode())
     digest.update("\0".join(options).encode() + b"\0" + source.encode())
@@ -54,12 +47,12 @@ def compile_cubin(source: str, arch: str, cache_dir: str | None = None) -> bytes
     """Compile one kernel source to a cubin for `arch`; raise CompileError with NVRTC's log."""
     nvrtc = _nvrtc()
     options = compile_options(arch)
-    folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    folder = Path(cache_dir) if cache_dir else kernel_cache_dir()
     path = folder / (cache_key(source, options, nvrtc_version()) + ".cubin")
     if path.is_file():
         return path.read_bytes()
     cubin = _nvrtc_compile(nvrtc, source, options)
-    _write_atomically(path, cubin)
+    write_atomically(path, cubin)
     return cubin
 
 
@@ -74,15 +67,6 @@ def _nvrtc_compile(nvrtc, source: str, options: tuple[str, ...]) -> bytes:
         return nvrtc.getCUBIN(program)
     finally:
         nvrtc.destroyProgram(program)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    # Several compile workers may produce the same binary: write-then-rename keeps readers safe.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
 
 
 def compile_many(sources: dict[str, str], arch: str, workers: int | None = None) -> dict[str, bytes | CompileError]:

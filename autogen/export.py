@@ -14,9 +14,7 @@ literal with every unusual byte escaped. File names are fixed here, never taken 
 from __future__ import annotations
 
 import math
-import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,6 +29,8 @@ from .errors import GpuUnavailableError, InvalidConfigError, NotTunedError, Usag
 from .family import Family, get_family
 from .dtypes import DTYPES
 from .problem import Config, Problem, parse_shape_key
+from .paths import write_atomically
+from .pretuned import pretuned_db
 from .render import render, render_template
 
 ARCH_PATTERN = re.compile(r"sm_([1-9][0-9]?)([0-9])([af]?)")  # sm_80, sm_90a, sm_100, sm_120f
@@ -421,22 +421,9 @@ def write_files(files: dict[str, str], out: Path) -> tuple[Path, ...]:
             raise UsageError(f"cannot write {target}: a folder is in the way")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        return tuple(_replace(out / name, text) for name, text in files.items())
+        return tuple(write_atomically(out / name, text) for name, text in files.items())
     except OSError as exc:
         raise UsageError(f"cannot write the export into {out}: {exc.strerror or exc}") from None
-
-
-def _replace(path: Path, text: str) -> Path:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] | None = None) -> ExportResult:
@@ -449,7 +436,14 @@ def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] |
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
     with TuningDB(request.db_url) as db:
-        winners = choose_target(db, family, request.gpu, arch, detect)
+        try:
+            winners = choose_target(db, family, request.gpu, arch, detect)
+        except NotTunedError:
+            # Nothing of the user's own: export what autogen ships (a fresh machine, no GPU).
+            shipped = pretuned_db()
+            if shipped is None or not shipped.winners(family=family.name):
+                raise
+            winners = choose_target(shipped, family, request.gpu, arch, detect)
     model = build_model(family, winners, arch, request.self_test)
     files = render_files(model)
     return ExportResult(model, out, write_files(files, out))

@@ -1,24 +1,27 @@
 """The pre-tuned catalog shipped with autogen: winners tuned on our GPUs, as legible JSON.
 
-At first use the catalog is loaded into a SQLite file in the user's cache directory (named by the
-catalog's hash, so a new release builds a new one) and queried like any tuning database. The
-dispatcher asks the user's own database first, so local tuning always takes precedence.
+The catalog is read straight from autogen/data/pretuned_*.json into records; it is never copied
+into a database, so reading it writes nothing anywhere. The dispatcher asks the user's own
+database first, so local tuning always takes precedence; `autogen list`, `show` and `export` see
+it too, marked as shipped. Each entry keeps the time it was tuned.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from tuning_db import TuningDB
-from tuning_db.records import DeviceIdentity, TrialRecord
+from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
+
+from .paths import write_atomically
 
 CATALOG_DIR = Path(__file__).resolve().parent / "data"
 FORMAT = 1
+SHIPPED = "shipped catalog"  # how list/show/export name where such a winner comes from
 
 
 def catalog_files() -> list[Path]:
@@ -33,39 +36,85 @@ def dump_catalog(db: TuningDB, gpu_name: str, path: Path) -> int:
         trial["samples_us"] = list(trial["samples_us"])
         entries.append({"device": dataclasses.asdict(winner.device), "trial": trial,
                         "peer_name": winner.peer_name, "peer_time_us": winner.peer_time_us,
-                        "margin": winner.margin, "autogen_version": winner.autogen_version})
+                        "margin": winner.margin, "autogen_version": winner.autogen_version,
+                        "updated_at": winner.updated_at})
     entries.sort(key=lambda e: (e["trial"]["family"], e["trial"]["dtype"], e["trial"]["shape_key"]))
-    path.write_text(json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True) + "\n")
+    write_atomically(path, json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True) + "\n")
     return len(entries)
 
 
-def load_catalog(db: TuningDB, path: Path) -> int:
-    document = json.loads(path.read_text())
+def load_catalog(path: Path) -> list[WinnerRecord]:
+    """The winners of one catalog file, with the times they were tuned."""
+    document = json.loads(Path(path).read_text())
     if document.get("format") != FORMAT:
         raise ValueError(f"{path}: unsupported catalog format {document.get('format')!r}")
+    winners = []
     for entry in document["entries"]:
-        device = DeviceIdentity(**entry["device"])
-        trial = dict(entry["trial"], samples_us=tuple(entry["trial"]["samples_us"]))
-        stored = db.record_trial(device, TrialRecord(**trial))
-        db.set_winner(device, stored, peer_name=entry["peer_name"], peer_time_us=entry["peer_time_us"],
-                      margin=entry["margin"], autogen_version=entry["autogen_version"])
-    return len(document["entries"])
+        trial = TrialRecord(**dict(entry["trial"], samples_us=tuple(entry["trial"]["samples_us"])))
+        winners.append(WinnerRecord(device=DeviceIdentity(**entry["device"]), trial=trial,
+                                    peer_name=entry["peer_name"], peer_time_us=entry["peer_time_us"],
+                                    margin=entry["margin"], autogen_version=entry["autogen_version"],
+                                    updated_at=entry.get("updated_at") or trial.created_at))
+    return winners
+
+
+class ShippedCatalog:
+    """The catalog's winners, answering the read queries a TuningDB answers."""
+
+    url = SHIPPED
+
+    def __init__(self, winners: list[WinnerRecord]):
+        self._winners = sorted(winners, key=lambda w: (w.device.name, w.device.compute_capability, w.trial.family,
+                                                      w.trial.dtype, w.trial.shape_key))
+
+    def winners(self, *, family: str | None = None, gpu_name: str | None = None,
+                compute_capability: str | None = None, dtype: str | None = None) -> list[WinnerRecord]:
+        wanted = {"family": family, "dtype": dtype}
+        return [w for w in self._winners
+                if all(v is None or getattr(w.trial, k) == v for k, v in wanted.items())
+                and (gpu_name is None or w.device.name == gpu_name)
+                and (compute_capability is None or w.device.compute_capability == compute_capability)]
+
+    def winner(self, device: DeviceIdentity, family: str, dtype: str, shape_key: str) -> WinnerRecord | None:
+        return next((w for w in self.winners(family=family, gpu_name=device.name, dtype=dtype,
+                                             compute_capability=device.compute_capability)
+                     if w.trial.shape_key == shape_key), None)
+
+    def close(self) -> None:
+        pass
 
 
 @functools.lru_cache(maxsize=1)
-def pretuned_db() -> TuningDB | None:
-    """The shipped catalog as a (cached) database, or None when autogen ships none."""
+def pretuned_db() -> ShippedCatalog | None:
+    """The shipped catalog (cached per process), or None when autogen ships none or
+    $AUTOGEN_NO_PRETUNED is set."""
     files = catalog_files()
     if not files or os.environ.get("AUTOGEN_NO_PRETUNED"):
         return None
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "autogen"
-    path = cache / f"pretuned-{digest}.db"
-    if not path.exists():
-        building = path.with_suffix(f".{os.getpid()}.tmp")
-        db = TuningDB(f"sqlite:///{building}")
-        for file in files:
-            load_catalog(db, file)
-        db.close()
-        os.replace(building, path)  # atomic: concurrent first uses never see half a catalog
-    return TuningDB(f"sqlite:///{path}")
+    return ShippedCatalog([w for file in files for w in load_catalog(file)])
+
+
+class WithCatalog:
+    """A user's database and the shipped catalog read as one: a problem tuned in the user's
+    database hides the catalog's entry for it. Answers winners() like a TuningDB."""
+
+    def __init__(self, db):
+        self.db = db
+        self.url = db.url
+        self.catalog = pretuned_db()
+
+    def labelled_winners(self, **filters) -> list[tuple[str, WinnerRecord]]:
+        """(source, winner) pairs: source is "database" or "shipped"."""
+        sources = [("database", self.db)] + ([("shipped", self.catalog)] if self.catalog is not None else [])
+        seen, found = set(), []
+        for label, source in sources:
+            for winner in source.winners(**filters):
+                key = (winner.device.name, winner.device.compute_capability, winner.trial.family,
+                       winner.trial.dtype, winner.trial.shape_key)
+                if key not in seen:
+                    seen.add(key)
+                    found.append((label, winner))
+        return found
+
+    def winners(self, **filters) -> list[WinnerRecord]:
+        return [winner for _label, winner in self.labelled_winners(**filters)]

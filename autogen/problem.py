@@ -120,3 +120,14 @@ class Config:
 
     def __getitem__(self, name: str) -> int | str:
         return self.as_dict()[name]
+
+
+def problem_of_record(family: str, dtype: str, shape_key: object) -> Problem | None:
+    """The Problem a stored row names, or None when its shape key is malformed (a bad row is
+    skipped by whoever reads it, never a traceback)."""
+    if not isinstance(shape_key, str):
+        return None
+    try:
+        return Problem(family, dtype, parse_shape_key(shape_key))
+    except ValueError:
+        return None

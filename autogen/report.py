@@ -6,17 +6,24 @@ import json
 
 
 def performance(time_us: float | None, bytes_moved: int, flops: int, copy_gbs: float | None,
-                peer_time_us: float | None) -> dict:
-    """GB/s, fraction of the bandwidth floor and speedup over the peer for one time."""
+                peer_time_us: float | None, roofline: str = "memory", fp32_tflops: float | None = None) -> dict:
+    """GB/s, TFLOP/s, the share of the roofline floor (bytes over the measured copy bandwidth
+    for a memory-bound family, flops over the measured FP32 peak for a compute-bound one) and
+    the speedup over the peer, for one time."""
     if time_us is None:
         return {}
-    gbs = bytes_moved / (time_us * 1e-6) / 1e9
+    seconds = time_us * 1e-6
+    if roofline == "compute":
+        floor = flops / (fp32_tflops * 1e12) * 1e6 if fp32_tflops and flops else None
+    else:
+        floor = bytes_moved / (copy_gbs * 1e9) * 1e6 if copy_gbs else None
     return {
         "time_us": round(time_us, 4),
-        "gb_per_s": round(gbs, 1),
-        "tflop_per_s": round(flops / (time_us * 1e-6) / 1e12, 3) if flops else None,
-        "floor_us": round(bytes_moved / (copy_gbs * 1e9) * 1e6, 4) if copy_gbs else None,
-        "pct_of_floor": round(100.0 * gbs / copy_gbs, 1) if copy_gbs else None,
+        "gb_per_s": round(bytes_moved / seconds / 1e9, 1),
+        "tflop_per_s": round(flops / seconds / 1e12, 3) if flops else None,
+        "roofline": roofline,
+        "floor_us": round(floor, 4) if floor else None,
+        "pct_of_floor": round(100.0 * floor / time_us, 1) if floor else None,
         "peer_time_us": round(peer_time_us, 4) if peer_time_us else None,
         "speedup_vs_peer": round(peer_time_us / time_us, 3) if peer_time_us else None,
     }
@@ -29,6 +36,7 @@ def tune_summary(result) -> dict:
         "gpu": result.device.name,
         "arch": result.device.arch,
         "copy_bandwidth_gb_per_s": round(result.copy_gbs, 1) if result.copy_gbs else None,
+        "fp32_peak_tflop_per_s": round(result.fp32_tflops, 2) if result.fp32_tflops else None,
         "bytes_moved": result.bytes_moved,
         "trials": {"measured": result.measured, "failed": result.failed, "rejected": result.rejected,
                    "reused": result.reused, "worker_restarts": result.worker_restarts},
@@ -45,7 +53,7 @@ def tune_summary(result) -> dict:
             "margin_to_runner_up": round(winner.margin, 4) if winner.margin is not None else None,
             "peer": winner.peer_name or None,
             **performance(winner.trial.time_us, result.bytes_moved, result.flops, result.copy_gbs,
-                          winner.peer_time_us),
+                          winner.peer_time_us, result.roofline, result.fp32_tflops),
         }
         doc["finalists"] = [{"kernel": t.kernel_name, "time_us": round(t.time_us, 4),
                              "spread_us": round(t.spread_us or 0.0, 4)} for t in result.candidates]
@@ -72,7 +80,8 @@ def tune_table(doc: dict) -> str:
             ("parameters", " ".join(f"{k}={v}" for k, v in winner["params"].items())),
             ("time", f"{winner['time_us']:.3f} us (spread {winner['spread_us']:.3f} us)"),
             ("bandwidth", f"{winner['gb_per_s']:.1f} GB/s"),
-            ("% of floor", _pct(winner.get("pct_of_floor"), doc.get("copy_bandwidth_gb_per_s"))),
+            ("TFLOP/s", f"{winner['tflop_per_s']:.2f}" if winner.get("tflop_per_s") else "-"),
+            ("% of floor", _pct(winner, doc)),
             ("peer", _peer(winner)),
         ]
     trials = doc["trials"]
@@ -86,10 +95,15 @@ def tune_table(doc: dict) -> str:
     return render_table(rows)
 
 
-def _pct(pct, copy_gbs) -> str:
+def _pct(winner: dict, doc: dict) -> str:
+    pct = winner.get("pct_of_floor")
+    if winner.get("roofline") == "compute":
+        if pct is None:
+            return "n/a (FP32 peak not measured)"
+        return f"{pct:.1f}% (floor at the measured FP32 peak {doc['fp32_peak_tflop_per_s']:.1f} TFLOP/s)"
     if pct is None:
         return "n/a (copy bandwidth not measured)"
-    return f"{pct:.1f}% (floor at the measured copy bandwidth {copy_gbs:.0f} GB/s)"
+    return f"{pct:.1f}% (floor at the measured copy bandwidth {doc['copy_bandwidth_gb_per_s']:.0f} GB/s)"
 
 
 def _peer(winner: dict) -> str:
@@ -104,3 +118,12 @@ def _text(value) -> str:
 
 def to_json(doc: dict) -> str:
     return json.dumps(doc, indent=2, sort_keys=False)
+
+
+def terminal_text(value: object) -> str:
+    """Text from a database or an error made safe for a terminal: control characters (ANSI
+    escapes included) and other non-printing characters are shown escaped, never interpreted."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

@@ -9,47 +9,17 @@ child is killed and started again while the trial that broke it is recorded as f
 from __future__ import annotations
 
 import importlib
-import json
 import multiprocessing
 import os
 import secrets
 from dataclasses import dataclass
 
-import numpy as np
-
+from . import roofline
 from .family import get_family
 from .gpu import device_identity, free_device_memory, require_cupy
 from .measure import build_timer, time_enqueue, timing_sets, validate
 
 STARTUP_TIMEOUT_S = 180.0
-
-COPY_KERNEL = r"""
-extern "C" __global__ void autogen_copy_float4(const float4* __restrict__ src, float4* __restrict__ dst,
-                                               long long count)
-{
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count;
-         i += (long long)gridDim.x * blockDim.x)
-        dst[i] = src[i];
-}
-"""
-
-
-def _bandwidth_file():
-    from .compile import default_cache_dir
-    return default_cache_dir().parent / "copy_bandwidth.json"
-
-
-def _bandwidth_cache() -> dict:
-    try:
-        return json.loads(_bandwidth_file().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _store_bandwidth(key: str, gbs: float) -> None:
-    path = _bandwidth_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**_bandwidth_cache(), key: gbs}, indent=1))
 
 
 @dataclass(frozen=True)
@@ -74,6 +44,44 @@ class Outcome:
     reason: str = ""
     error: float | None = None
     samples_us: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The roofline of the GPU (autogen.roofline): what % of floor is measured against."""
+
+    copy_gbs: float
+    fp32_tflops: float
+
+
+# -- the requests the tuner makes of an evaluator (typed: the pipe carries these objects) ---------
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    """Validate one variant on fresh inputs, then time it: an Outcome."""
+
+    kernel_name: str
+    cubin: bytes
+    params: dict
+
+
+@dataclass(frozen=True)
+class TimePeer:
+    """The family's library peer, timed the same way on the same inputs: (name, samples) or None."""
+
+
+@dataclass(frozen=True)
+class Retime:
+    """Re-time candidates (name, cubin, params) interleaved, `rounds` times: name -> samples."""
+
+    candidates: tuple[tuple[str, bytes, dict], ...]
+    rounds: int
+
+
+@dataclass(frozen=True)
+class MeasureCeilings:
+    """The GPU's copy bandwidth and FP32 peak: a Ceilings."""
 
 
 class Evaluator:
@@ -157,27 +165,22 @@ class Evaluator:
                 samples[name].append(timer.replay_us())
         return {name: tuple(values) for name, values in samples.items()}
 
-    def copy_bandwidth_gbs(self, nbytes: int = 1 << 30) -> float:
-        """Device-to-device copy bandwidth, bytes read plus written: the roofline's ceiling.
-        Measured once per GPU and driver with a 16-byte-per-thread copy kernel, then cached."""
-        cached = _bandwidth_cache()
-        key = f"{self.device.name}|{self.device.driver_version}"
-        if key in cached:
-            return cached[key]
-        from .compile import compile_cubin
+    def ceilings(self) -> Ceilings:
+        """The roofline's two ceilings, measured once per GPU and driver, then cached."""
+        return Ceilings(roofline.copy_bandwidth_gbs(self.cupy, self.device, free_device_memory()),
+                        roofline.fp32_peak_tflops(self.cupy, self.device))
 
-        count = min(nbytes, free_device_memory() // 4) // 16  # float4 elements
-        src = self.cupy.ones(4 * count, dtype=self.cupy.float32)
-        dst = self.cupy.empty_like(src)
-        module = self.cupy.cuda.function.Module()
-        module.load(compile_cubin(COPY_KERNEL, self.device.arch))
-        copy = module.get_function("autogen_copy_float4")
-        blocks = 4 * self.device.sm_count * 8
-        args = (src, dst, np.int64(count))
-        timing = time_enqueue(self.cupy, lambda _i: copy((blocks,), (256,), args), 1, replays=5)
-        gbs = 2 * 16 * count / (timing.median_us * 1e-6) / 1e9
-        _store_bandwidth(key, gbs)
-        return gbs
+    def serve(self, request):
+        """Answer one typed request."""
+        if isinstance(request, Evaluate):
+            return self.evaluate(request.kernel_name, request.cubin, request.params)
+        if isinstance(request, TimePeer):
+            return self.time_peer()
+        if isinstance(request, Retime):
+            return self.retime(list(request.candidates), request.rounds)
+        if isinstance(request, MeasureCeilings):
+            return self.ceilings()
+        raise TypeError(f"the GPU worker has no request {type(request).__name__}")
 
     def identity(self):
         return self.device, free_device_memory()
@@ -205,12 +208,11 @@ def _worker_main(conn, spec: WorkSpec) -> None:
         conn.send(("raise", f"{type(exc).__name__}: {_one_line(exc)}", False))
         return
     while True:
-        message = conn.recv()
-        if message is None:
+        request = conn.recv()
+        if request is None:
             return
-        method, args = message
         try:
-            reply = ("ok", getattr(evaluator, method)(*args))
+            reply = ("ok", evaluator.serve(request))
         except Exception as exc:
             reply = ("raise", f"{type(exc).__name__}: {_one_line(exc)}")
         conn.send(reply + (not evaluator.context_lost,))
@@ -262,18 +264,30 @@ class IsolatedEvaluator:
             raise WorkerError(value)
         return value
 
-    def call(self, method: str, *args, timeout_s: float | None = None):
+    def request(self, request, timeout_s: float | None = None):
+        """Send one typed request to the worker (started again if it was lost) and wait for
+        the answer, at most `timeout_s` (default: the evaluation timeout)."""
         if self._process is None:
             self.restarts += 1
             self._start()
-        self._conn.send((method, args))
-        return self._receive(timeout_s or self.timeout_s, f"in {method}")
+        self._conn.send(request)
+        return self._receive(timeout_s or self.timeout_s, f"in {type(request).__name__}")
 
+    # The calls the tuner makes; autogen.testing.replay.ReplayEvaluator answers the same ones.
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict) -> Outcome:
         try:
-            return self.call("evaluate", kernel_name, cubin, params)
+            return self.request(Evaluate(kernel_name, cubin, params))
         except (WorkerLost, WorkerError) as exc:
             return Outcome(kernel_name, "failed", str(exc))
+
+    def time_peer(self) -> tuple[str, tuple[float, ...]] | None:
+        return self.request(TimePeer())
+
+    def retime(self, candidates, rounds: int, timeout_s: float | None = None) -> dict[str, tuple[float, ...]]:
+        return self.request(Retime(tuple(candidates), rounds), timeout_s)
+
+    def ceilings(self) -> Ceilings:
+        return self.request(MeasureCeilings())
 
     def _kill(self) -> int | None:
         process, self._process = self._process, None

@@ -94,7 +94,7 @@ def test_catalog_with_an_unknown_format_is_refused(tmp_path, db_url):
     bad = tmp_path / "pretuned_x.json"
     bad.write_text(json.dumps({"format": 99, "entries": []}))
     with pytest.raises(ValueError, match="unsupported catalog format"):
-        pretuned.load_catalog(TuningDB(db_url), bad)
+        pretuned.load_catalog(bad)
 
 
 def test_concurrent_first_calls_build_the_kernel_once(dispatcher, monkeypatch):

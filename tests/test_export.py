@@ -4,6 +4,8 @@ nothing unchecked from the database reaches the files."""
 
 from __future__ import annotations
 
+import json
+
 import random
 import re
 import shutil
@@ -288,7 +290,29 @@ def test_c_dispatch_follows_the_python_rule(exported, tmp_path):
 # -- refusals ---------------------------------------------------------------------------------------
 
 
-def test_nothing_tuned_exits_1_and_writes_nothing(tmp_path, capsys):
+@pytest.fixture
+def no_catalog(monkeypatch):
+    from autogen import pretuned
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    pretuned.pretuned_db.cache_clear()
+    yield
+    pretuned.pretuned_db.cache_clear()
+
+
+def test_a_fresh_machine_exports_the_shipped_catalog(tmp_path, monkeypatch, capsys):
+    from autogen import pretuned
+    pretuned.pretuned_db.cache_clear()
+    monkeypatch.setattr(export_module, "local_device", lambda: None)
+    out = tmp_path / "out"
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert run_export("sgemv", "--out", str(out), "--gpu", "NVIDIA H100 80GB HBM3", "--db", empty, "--json") == 0
+    summary = json.loads(capsys.readouterr().out)
+    shipped = {w.trial.shape_key for w in pretuned.pretuned_db().winners(family="sgemv")}
+    assert {s["shape"] for s in summary["entry_points"][0]["shapes"]} == shipped
+    assert (out / "autogen_sgemv.cu").is_file()
+
+
+def test_nothing_tuned_exits_1_and_writes_nothing(tmp_path, capsys, no_catalog):
     out = tmp_path / "out"
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", empty) == 1

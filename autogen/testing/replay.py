@@ -18,7 +18,7 @@ from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity
 
 from ..problem import Problem
-from ..worker import Outcome, WorkerError
+from ..worker import Ceilings, Outcome
 
 RECORDING_FORMAT = 1
 
@@ -61,17 +61,17 @@ class ReplayEvaluator:
             return Outcome(kernel_name, "failed", entry["reason"] or "failed when recorded")
         return Outcome(kernel_name, "ok", "", entry["error"], tuple(entry["samples_us"]))
 
-    def call(self, method: str, *args, timeout_s: float | None = None):
-        if method == "time_peer":
-            peer = self.recording.get("peer")
-            return (peer["name"], (peer["time_us"],) * 3) if peer and peer["time_us"] else None
-        if method == "copy_bandwidth_gbs":
-            return 3000.0
-        if method == "retime":
-            candidates, rounds = args
-            return {name: tuple(self.recording["trials"][name]["samples_us"][:rounds])
-                    for name, _cubin, _params in candidates}
-        raise WorkerError(f"ReplayEvaluator has no {method}")
+    def time_peer(self) -> tuple[str, tuple[float, ...]] | None:
+        peer = self.recording.get("peer")
+        return (peer["name"], (peer["time_us"],) * 3) if peer and peer["time_us"] else None
+
+    def retime(self, candidates, rounds: int, timeout_s: float | None = None) -> dict[str, tuple[float, ...]]:
+        return {name: tuple(self.recording["trials"][name]["samples_us"][:rounds])
+                for name, _cubin, _params in candidates}
+
+    def ceilings(self) -> Ceilings:
+        # Not measured: a test aid's roofline is a fixed, clearly fake pair, never reported.
+        return Ceilings(copy_gbs=3000.0, fp32_tflops=60.0)
 
 
 class ReplayBackend:

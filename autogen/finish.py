@@ -1,0 +1,95 @@
+"""The end of a search: the peer and the roofline measured in the same run, the best few
+variants re-timed interleaved, and the winner chosen by a deterministic rule and stored."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from tuning_db import TuningDB
+from tuning_db.records import TrialRecord, WinnerRecord
+
+from . import __version__
+from .render import render
+
+# Two variants whose medians differ by less than this are a tie: the simpler name wins.
+TIE_FRACTION = 0.01
+
+
+@dataclass
+class Finish:
+    winner: WinnerRecord | None
+    finalists: list[TrialRecord]
+    copy_gbs: float | None
+    fp32_tflops: float | None
+
+
+def finish(family, problem, options, db: TuningDB, device, backend, nothing_new: bool,
+           progress: Callable[[str], None]) -> Finish:
+    evaluator = backend.evaluator
+    copy_gbs = fp32_tflops = None
+    try:
+        ceilings = evaluator.ceilings()
+        copy_gbs, fp32_tflops = ceilings.copy_gbs, ceilings.fp32_tflops
+    except Exception as exc:
+        progress(f"the roofline could not be measured: {exc}")
+    stored = db.winner(device, problem.family, problem.dtype, problem.shape_key)
+    if nothing_new and stored is not None and stored.trial.cache_mode == options.cache_mode:
+        # A resumed search that measured nothing has nothing to decide: the stored winner stands.
+        progress("nothing new was measured: the stored winner stands (no re-timing)")
+        return Finish(stored, [stored.trial], copy_gbs, fp32_tflops)
+    peer = None
+    try:
+        peer = evaluator.time_peer()
+    except Exception as exc:
+        progress(f"peer could not be timed: {exc}")
+    trials = db.trials(device, problem.family, problem.dtype, problem.shape_key, options.cache_mode)
+    ok = sorted((t for t in trials if t.status == "ok"), key=lambda t: t.time_us)
+    if not ok:
+        progress("no variant passed validation; nothing stored as winner")
+        return Finish(None, [], copy_gbs, fp32_tflops)
+    finalists = retime(family, problem, options, db, device, backend, ok[: options.top_k], progress)
+    winner, margin = pick_winner(finalists)
+    peer_name, peer_time = (peer[0], statistics.median(peer[1])) if peer else ("", None)
+    stored = db.set_winner(device, winner, peer_name=peer_name, peer_time_us=peer_time, margin=margin,
+                           autogen_version=__version__)
+    return Finish(stored, finalists, copy_gbs, fp32_tflops)
+
+
+def retime(family, problem, options, db: TuningDB, device, backend, best: list[TrialRecord],
+           progress: Callable[[str], None]) -> list[TrialRecord]:
+    """The candidates' graphs replayed in turn, round after round, so drift hits all alike; the
+    new samples replace the search's in the database."""
+    if len(best) < 2:
+        return best
+    candidates = []
+    for trial in best:
+        config = family.space.check(trial.params)
+        cubin = backend.compile(render(family, problem.dtype, config), device.arch).result()
+        candidates.append((trial.kernel_name, cubin, trial.params))
+    try:
+        samples = backend.evaluator.retime(candidates, options.retime_rounds,
+                                           timeout_s=10 * options.eval_timeout_s)
+    except Exception as exc:
+        progress(f"interleaved re-timing failed ({exc}); keeping the search timings")
+        return best
+    return [db.record_trial(device, _with_samples(trial, samples[trial.kernel_name])) for trial in best]
+
+
+def pick_winner(finalists: list[TrialRecord]) -> tuple[TrialRecord, float | None]:
+    """Lowest median wins; variants within TIE_FRACTION (or within their spread) of it tie, and a
+    tie goes to the lexicographically smallest kernel name, so the choice is deterministic."""
+    ranked = sorted(finalists, key=lambda t: (t.time_us, t.kernel_name))
+    best = ranked[0]
+    tolerance = max(TIE_FRACTION * best.time_us, (best.spread_us or 0.0) / 2)
+    tied = [t for t in ranked if t.time_us - best.time_us <= tolerance]
+    chosen = min(tied, key=lambda t: t.kernel_name)
+    others = [t for t in ranked if t is not chosen]
+    margin = (others[0].time_us - chosen.time_us) / chosen.time_us if others else None
+    return chosen, margin
+
+
+def _with_samples(trial: TrialRecord, samples: tuple[float, ...]) -> TrialRecord:
+    return replace(trial, samples_us=samples, time_us=statistics.median(samples),
+                   spread_us=max(samples) - min(samples))

@@ -1,0 +1,40 @@
+"""Where autogen keeps its files, and the one way it writes them.
+
+Every cache lives under cache_root(): $XDG_CACHE_HOME/autogen (default ~/.cache/autogen). The
+kernel binaries may be moved elsewhere with $AUTOGEN_CACHE_DIR. Files are written whole or not at
+all (write to a temporary file beside the target, then rename), so a reader, another process or a
+crash never sees half a file, and a rename never follows a symlink at the target.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "autogen"
+
+
+def kernel_cache_dir() -> Path:
+    """Compiled kernels, keyed by source, options, architecture and NVRTC version."""
+    configured = os.environ.get("AUTOGEN_CACHE_DIR")
+    return Path(configured) if configured else cache_root() / "kernels"
+
+
+def write_atomically(path: Path, data: bytes | str, mode: int = 0o644) -> Path:
+    """Replace `path` with `data` in one step; the folder is created if missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,47 @@
+"""Where a search starts: what earlier runs of the same problem measured (resume), and which
+points to try first (warm start: the winners of the nearest tuned shapes, then the default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuning_db import TuningDB
+from tuning_db.records import DeviceIdentity, TrialRecord
+
+from .family import Family
+from .problem import Problem, nearest, problem_of_record
+from .search import PENALTY_US
+
+NEAREST_SEEDS = 3  # winners of the nearest tuned shapes tried before the sampler's own picks
+
+
+@dataclass
+class StartingPoint:
+    stored: dict[str, TrialRecord]  # kernel name -> trial already in the database (this problem)
+    measured: dict[str, tuple[dict, float]]  # the same as Optuna values: kernel -> (params, value)
+    seeds: list[dict]  # parameter sets to try first, in order
+
+
+def starting_point(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem,
+                   cache_mode: str, warm_start: bool) -> StartingPoint:
+    stored = {t.kernel_name: t for t in db.trials(device, problem.family, problem.dtype, problem.shape_key,
+                                                  cache_mode)}
+    # Trials whose params no longer fit the space (an older autogen) are not told to Optuna.
+    measured = {name: (t.params, t.time_us if t.status == "ok" else PENALTY_US)
+                for name, t in stored.items() if not family.space.violations(t.params)}
+    return StartingPoint(stored, measured, seeds(db, device, family, problem, warm_start))
+
+
+def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem, warm_start: bool) -> list[dict]:
+    """Tried first: the winners of the nearest tuned shapes on this GPU (nearest first), then the
+    family's default, the baseline every search measures."""
+    default = [dict(family.default_params)]
+    if not warm_start:
+        return default
+    winners = db.winners(family=problem.family, gpu_name=device.name,
+                         compute_capability=device.compute_capability, dtype=problem.dtype)
+    others = [w for w in winners if w.trial.shape_key != problem.shape_key]
+    ordered = nearest(problem, others, lambda w: problem_of_record(w.trial.family, w.trial.dtype, w.trial.shape_key))
+    valid = [dict(w.trial.params) for w in ordered
+             if isinstance(w.trial.params, dict) and not family.space.violations(w.trial.params)]
+    return valid[:NEAREST_SEEDS] + default
