@@ -64,8 +64,8 @@ def cmd_bench(args) -> int:
             raise NotTunedError(f"nothing tuned for {problem} on {evaluator.device.name} in {db.url}; "
                                 f"run `autogen tune {problem.family} ...` first")
         config = family.space.check(winner.trial.params)  # never render unchecked stored values
-        name = family.kernel_name(problem.dtype, config)
-        cubin = compile_cubin(render(family, problem.dtype, config), evaluator.device.arch)
+        name = family.kernel_name(problem.dtype, config, problem.traits)
+        cubin = compile_cubin(render(family, problem.dtype, config, traits=problem.traits), evaluator.device.arch)
         outcome = evaluator.evaluate(name, cubin, config.as_dict())
         if outcome.status != "ok":
             raise NotTunedError(f"the stored winner {name} failed now: {outcome.reason}")
@@ -155,7 +155,7 @@ def cmd_show(args) -> int:
         config = family.space.check(winner.trial.params)
     except InvalidConfigError as exc:
         raise InvalidConfigError(f"the stored winner of {problem} is invalid: {exc}") from None
-    name = family.kernel_name(problem.dtype, config)  # what the rendered source defines
+    name = family.kernel_name(problem.dtype, config, problem.traits)  # what the rendered source defines
     document = {
         "problem": str(problem), "kernel": name, "params": config.as_dict(),
         "time_us": winner.trial.time_us, "peer": winner.peer_name, "peer_time_us": winner.peer_time_us,
@@ -168,7 +168,7 @@ def cmd_show(args) -> int:
             "source_hash": winner.trial.source_hash, "cache_mode": winner.trial.cache_mode,
             "autogen_version": winner.autogen_version, "tuned_at": winner.updated_at,
         },
-        "source": render(family, problem.dtype, config),
+        "source": render(family, problem.dtype, config, traits=problem.traits),
     }
     if winner.trial.kernel_name != name:
         document["stored_name"] = winner.trial.kernel_name

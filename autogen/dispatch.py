@@ -118,8 +118,8 @@ class Dispatcher:
         from .compile import compile_cubin, compile_options
 
         cupy = _cupy()
-        source = render(family, problem.dtype, config)
-        name = family.kernel_name(problem.dtype, config)
+        source = render(family, problem.dtype, config, traits=problem.traits)
+        name = family.kernel_name(problem.dtype, config, problem.traits)
         module = cupy.cuda.function.Module()
         module.load(compile_cubin(source, device.arch))
         steps = [(module.get_function(name + step.suffix), step) for step in family.plan(problem, config)]

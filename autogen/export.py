@@ -13,6 +13,7 @@ literal with every unusual byte escaped. File names are fixed here, never taken 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -60,7 +61,8 @@ class TunedShape:
 
     @property
     def dims(self) -> tuple[int, ...]:
-        return tuple(size for _name, size in self.problem.dims)
+        """The sizes, in the family's dimension order (traits are the entry point's)."""
+        return tuple(size for _name, size in self.problem.sizes)
 
     @property
     def speedup(self) -> float | None:
@@ -81,12 +83,13 @@ class Variant:
 class EntryPoint:
     """The C function of one family and dtype that dispatches on shape."""
 
-    symbol: str  # autogen_sgemv, autogen_softmax_f16
+    symbol: str  # autogen_sgemv, autogen_softmax_f16, autogen_gelu_f16_tanh
     dtype: str
     c_params: str  # the family's parameter list for this dtype
     arg_names: tuple[str, ...]  # the names in c_params, to forward them to a launcher
     shapes: tuple[TunedShape, ...]  # the dispatch table, sorted by shape key; ties go to the earlier
     default: Variant | None  # served for every shape when nothing is tuned for this dtype
+    traits: tuple[tuple[str, str], ...] = ()  # the trait values every shape of this entry has
 
     @property
     def kernel_names(self) -> tuple[str, ...]:
@@ -253,7 +256,7 @@ def check_winner(family: Family, winner: WinnerRecord) -> TunedShape:
         raise InvalidConfigError(f"{where}: cache_mode={winner.trial.cache_mode!r} is not cold or hot")
     return TunedShape(
         problem=problem, config=config,
-        kernel_name=_identifier(family.kernel_name(problem.dtype, config), where),
+        kernel_name=_identifier(family.kernel_name(problem.dtype, config, problem.traits), where),
         time_us=_positive(winner.trial.time_us, "time_us", where),
         peer_name=comment_text(winner.peer_name) if winner.peer_time_us is not None else "",
         peer_time_us=(None if winner.peer_time_us is None
@@ -272,8 +275,9 @@ def _checked_problem(family: Family, winner: WinnerRecord, where: str) -> Proble
         raise InvalidConfigError(f"{where}: {family.name} has no dtype {dtype!r} (it has {', '.join(family.dtypes)})")
     try:
         dims = parse_shape_key(key) if isinstance(key, str) else None
-        if dims is None or tuple(name for name, _ in dims) != family.dims:
-            raise ValueError(f"{family.name} shapes name {', '.join(family.dims)} in that order")
+        names = family.dims + tuple(t.name for t in family.traits)
+        if dims is None or tuple(name for name, _ in dims) != names:
+            raise ValueError(f"{family.name} shapes name {', '.join(names)} in that order")
         problem = family.problem(dtype, **dict(dims))
     except (ValueError, UsageError) as exc:
         raise InvalidConfigError(f"{where}: bad shape: {exc}") from None
@@ -319,11 +323,14 @@ def cuda_version(value: object) -> str:
 # -- building the model ---------------------------------------------------------------------------
 
 
-def entry_symbol(family: Family, dtype: str) -> str:
-    """autogen_<family> for the first dtype, autogen_<family>_<tag> for the others."""
-    if dtype == family.dtypes[0]:
-        return f"autogen_{family.symbol}"
-    return f"autogen_{family.symbol}_{DTYPES[dtype].tag}"
+def entry_symbol(family: Family, dtype: str, traits: tuple[tuple[str, str], ...] = ()) -> str:
+    """autogen_<family> for the first dtype, autogen_<family>_<tag> for the others (or for every
+    dtype, with Family.export_names_dtype), then the trait values: autogen_gelu_f16_tanh."""
+    parts = [f"autogen_{family.symbol}"]
+    if dtype != family.dtypes[0] or family.export_names_dtype:
+        parts.append(DTYPES[dtype].tag)
+    parts += [value for _name, value in traits]
+    return "_".join(parts)
 
 
 def c_arg_names(c_params: str, family: Family) -> tuple[str, ...]:
@@ -350,9 +357,9 @@ def nearest_index(family: Family, shapes: Sequence[Problem], query: Problem) -> 
     return min(range(len(shapes)), key=lambda i: (family.distance(query, shapes[i]), shapes[i].shape_key))
 
 
-def _variant(family: Family, dtype: str, config: Config) -> Variant:
-    name = family.kernel_name(dtype, config)
-    return Variant(dtype, config, name, render(family, dtype, config, host_launcher=True))
+def _variant(family: Family, dtype: str, config: Config, traits: tuple = ()) -> Variant:
+    name = family.kernel_name(dtype, config, traits)
+    return Variant(dtype, config, name, render(family, dtype, config, host_launcher=True, traits=traits))
 
 
 def build_model(family: Family, winners: Sequence[WinnerRecord], arch: str | None,
@@ -362,20 +369,26 @@ def build_model(family: Family, winners: Sequence[WinnerRecord], arch: str | Non
     arch = arch or cc_to_arch(gpu.compute_capability, gpu.name)
     tuned = [check_winner(family, w) for w in winners]  # every record checked before any render
     entries, variants = [], {}
-    for dtype in family.dtypes:
+    trait_sets = [tuple(zip((t.name for t in family.traits), values))
+                  for values in itertools.product(*(t.choices for t in family.traits))]
+    for dtype, traits in itertools.product(family.dtypes, trait_sets):
         # Sorted by shape key: the Python dispatcher breaks distance ties by the smaller key.
-        shapes = tuple(sorted((s for s in tuned if s.problem.dtype == dtype), key=lambda s: s.problem.shape_key))
+        shapes = tuple(sorted((s for s in tuned if s.problem.dtype == dtype and s.problem.traits == traits),
+                              key=lambda s: s.problem.shape_key))
         default = None
         if shapes:
             for shape in shapes:
                 if shape.kernel_name not in variants:
-                    variants[shape.kernel_name] = _variant(family, dtype, shape.config)
+                    variants[shape.kernel_name] = _variant(family, dtype, shape.config, traits)
         else:
-            default = variants.setdefault(family.kernel_name(dtype, family.default_config()),
-                                          _variant(family, dtype, family.default_config()))
+            default_config = family.default_config()
+            name = family.kernel_name(dtype, default_config, traits)
+            if name not in variants:
+                variants[name] = _variant(family, dtype, default_config, traits)
+            default = variants[name]
         c_params = family.c_params_for(dtype)
-        entries.append(EntryPoint(entry_symbol(family, dtype), dtype, c_params, c_arg_names(c_params, family),
-                                  shapes, default))
+        entries.append(EntryPoint(entry_symbol(family, dtype, traits), dtype, c_params,
+                                  c_arg_names(c_params, family), shapes, default, traits))
     software = {
         "driver": ", ".join(sorted({cuda_version(w.device.driver_version) for w in winners})),
         "runtime": ", ".join(sorted({cuda_version(w.device.runtime_version) for w in winners})),

@@ -76,6 +76,10 @@ class Trait:
     choices: tuple[str, ...]
     help: str = ""
     parse: Callable[[str], str] | None = None
+    # True when the trait changes the function the kernel computes (GELU's approximation): its
+    # value is then part of the kernel's name and a variable of its template. False when it
+    # only describes the data the kernel is tuned for (a histogram's value distribution).
+    code: bool = False
 
     def value(self, given: object) -> str:
         text = str(given)
@@ -107,6 +111,9 @@ class Family:
     # (flops over the measured FP32 FMA peak); reports state the share of that floor.
     roofline: str = "memory"
     api: str | None = None  # the Python call: autogen.<api>(...), bound by `bind`
+    # Exported entry points are autogen_<name> for the first dtype and autogen_<name>_<tag> for
+    # the others; True names the dtype on every one (autogen_hgemv_f16, autogen_hgemv_bf16).
+    export_names_dtype: bool = False
 
     # --- identity -------------------------------------------------------------------------
     @property
@@ -171,21 +178,35 @@ class Family:
         return shape_distance(a, b)
 
     # --- code -----------------------------------------------------------------------------
-    def kernel_name(self, dtype: str, config: Config) -> str:
+    def kernel_name(self, dtype: str, config: Config, traits: tuple[tuple[str, str], ...] = ()) -> str:
         """Procedural name, e.g. sgemv_f32_tpr4_vw4_wpb4_rpg1_u2_xldg_rshfl: the extern "C"
-        symbol, part of the database key and the exported symbol."""
-        parts = [self.symbol, DTYPES[dtype].tag]
+        symbol, part of the database key and the exported symbol. `traits` are the problem's;
+        those that change the code (Trait.code) are named too: gelu_f16_tanh_..."""
+        parts = [self.symbol, DTYPES[dtype].tag] + [value for _name, value in self.code_traits(traits)]
         parts += [f"{self.space.param(k).abbrev}{v}" for k, v in config.params]
         return "_".join(parts)
+
+    def code_traits(self, traits: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """The trait values that change the kernel's code, checked against the choices."""
+        coded = {t.name: t for t in self.traits if t.code}
+        found = tuple((name, value) for name, value in traits if name in coded)
+        for name, value in found:
+            if value not in coded[name].choices:
+                raise UsageError(f"{self.name}: {name} must be one of {', '.join(coded[name].choices)}")
+        missing = [name for name in coded if name not in dict(found)]
+        if missing:
+            raise UsageError(f"{self.name}: the kernel needs the trait(s) {', '.join(missing)}")
+        return found
 
     def c_params_for(self, dtype: str) -> str:
         """The C parameter list of this dtype's variants (default: the same for every dtype)."""
         return self.c_params
 
-    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False) -> dict:
+    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False,
+                      traits: tuple[tuple[str, str], ...] = ()) -> dict:
         d = DTYPES[dtype]
-        return {"kernel_name": self.kernel_name(dtype, config), "dtype": dtype,
-                "elem_t": d.c_type, "dtype_bytes": d.itemsize,
+        return {"kernel_name": self.kernel_name(dtype, config, traits), "dtype": dtype,
+                "elem_t": d.c_type, "dtype_bytes": d.itemsize, **dict(self.code_traits(traits)),
                 "host_launcher": host_launcher, "c_params": self.c_params_for(dtype), **config.as_dict()}
 
     def launch(self, problem: Problem, config: Config) -> Launch:

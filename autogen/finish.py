@@ -66,7 +66,7 @@ def retime(family, problem, options, db: TuningDB, device, backend, best: list[T
     candidates = []
     for trial in best:
         config = family.space.check(trial.params)
-        cubin = backend.compile(render(family, problem.dtype, config), device.arch).result()
+        cubin = backend.compile(render(family, problem.dtype, config, traits=problem.traits), device.arch).result()
         candidates.append((trial.kernel_name, cubin, trial.params))
     try:
         samples = backend.evaluator.retime(candidates, options.retime_rounds,

@@ -48,11 +48,14 @@ def render_template(template_name: str, variables: dict, family=None) -> str:
     return template.render(**variables)
 
 
-def render(family, dtype: str, config: Config, host_launcher: bool = False) -> str:
-    """CUDA source of one variant; `config` must come from family.space.check. With
-    host_launcher, the source also defines `<kernel_name>_launch(<c_params>, stream)` for nvcc
-    builds (exports); NVRTC gets device code only."""
-    return render_template(family.template, family.template_vars(dtype, config, host_launcher), family)
+def render(family, dtype: str, config: Config, host_launcher: bool = False,
+           traits: tuple[tuple[str, str], ...] = ()) -> str:
+    """CUDA source of one variant; `config` must come from family.space.check, `traits` are the
+    problem's (those that change the code become template variables). With host_launcher, the
+    source also defines `<kernel_name>_launch(<c_params>, stream)` for nvcc builds (exports);
+    NVRTC gets device code only."""
+    variables = family.template_vars(dtype, config, host_launcher, traits)
+    return render_template(family.template, variables, family)
 
 
 def source_hash(source: str, options: tuple[str, ...] = ()) -> str:

@@ -173,11 +173,11 @@ class SearchLoop:
         config = self.family.space.check(params)
         if self.family.reject_reason(self.problem, config) and _key(params) not in self.seed_keys:
             return self._reject(trial)
-        name = self.family.kernel_name(self.problem.dtype, config)
+        name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
         if name in in_flight:
             in_flight[name].trials.append(trial)
             return None
-        source = render(self.family, self.problem.dtype, config)
+        source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
         known = self.stored.get(name) or self.stored.get(by_body.get(_body_hash(source, name), ""))
         if known is not None:  # measured already (this run, or an earlier one): not measured again
             self.counts.reused += 1
@@ -228,7 +228,7 @@ class SearchLoop:
 
     def _unmeasured(self, points: list[dict]) -> int:
         configs = (self.family.space.check(p) for p in points)
-        return sum(1 for c in configs if self.family.kernel_name(self.problem.dtype, c) not in self.stored
+        return sum(1 for c in configs if self.family.kernel_name(self.problem.dtype, c, self.problem.traits) not in self.stored
                    and not self.family.reject_reason(self.problem, c))
 
 

@@ -455,7 +455,7 @@ class ScaleTest(Family):
     c_params = "const float* x, float* y, int count, float alpha"
 
 
-def render_scale(family, dtype, config, host_launcher=False):
+def render_scale(family, dtype, config, host_launcher=False, traits=()):
     assert host_launcher, "exports render host launchers"
     name = family.kernel_name(dtype, config)
     block = config["block"]
