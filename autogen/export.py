@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tuning_db import TuningDB
 from tuning_db.repository import display_url
-from tuning_db.records import DeviceIdentity, WinnerRecord
+from tuning_db.records import DeviceIdentity, WinnerRecord, one_per_problem
 
 from . import __version__
 from .errors import GpuUnavailableError, InvalidConfigError, NotTunedError, UsageError
@@ -204,7 +204,13 @@ def choose_target(db: TuningDB, family: Family, gpu: str | None, arch: str | Non
             gpu, cc = here.name, here.compute_capability
         else:
             gpu, cc = _only_gpu(db)
-    winners = db.winners(family=family.name, gpu_name=gpu, compute_capability=cc)
+    winners, invalid = db.winners_checked(family=family.name, gpu_name=gpu, compute_capability=cc)
+    if invalid:  # never export around a row that cannot be read: it may be the one that matters
+        more = f" (and {len(invalid) - 1} more invalid row(s))" if len(invalid) > 1 else ""
+        raise InvalidConfigError(f"cannot export from {display_url(db.url)}: invalid stored {invalid[0].describe()}"
+                                 f"{more}; re-tune that shape or delete the row, or pick another GPU with --gpu "
+                                 "or --arch")
+    winners = one_per_problem(winners)  # the cold-cache winner where a shape has both
     if not winners:
         target = " ".join(part for part in (gpu and f"GPU {gpu!r}", cc and f"compute capability {cc}") if part)
         raise NotTunedError(f"nothing tuned for {family.name} on {target} in {display_url(db.url)}; run "
@@ -449,7 +455,7 @@ def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] |
     out = Path(request.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
-    with TuningDB(request.db_url) as db:
+    with TuningDB(request.db_url, readonly=True) as db:  # export only reads: nothing is created
         winners = choose_target(db, family, request.gpu, arch, detect)
     model = build_model(family, winners, arch, request.self_test)
     files = render_files(model)
