@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from .errors import GpuUnavailableError, NotTunedError, UsageError
+from .errors import GpuUnavailableError, InvalidConfigError, NotTunedError, UsageError
 from .families import get_family
 from .report import performance, render_table, to_json, tune_summary, tune_table
 
@@ -94,12 +94,14 @@ def cmd_list(args) -> int:
 
     if args.family:
         get_family(args.family)
-    winners = TuningDB(args.db).winners(family=args.family)
+    winners, invalid = TuningDB(args.db, readonly=True).winners_checked(family=args.family)  # reads only
+    _report_invalid(invalid)
     rows = []
-    for w in sorted(winners, key=lambda w: (w.device.name, w.trial.family, w.trial.dtype, w.trial.shape_key)):
+    for w in sorted(winners, key=lambda w: (w.device.name, w.trial.family, w.trial.dtype, w.trial.shape_key,
+                                            w.trial.cache_mode)):
         speedup = w.peer_time_us / w.trial.time_us if w.peer_time_us else None
         rows.append({"gpu": w.device.name, "family": w.trial.family, "dtype": w.trial.dtype,
-                     "shape": w.trial.shape_key, "kernel": w.trial.kernel_name,
+                     "shape": w.trial.shape_key, "cache": w.trial.cache_mode, "kernel": w.trial.kernel_name,
                      "time_us": round(w.trial.time_us, 3),
                      "peer_time_us": round(w.peer_time_us, 3) if w.peer_time_us else None,
                      "speedup": round(speedup, 3) if speedup else None})
@@ -109,7 +111,7 @@ def cmd_list(args) -> int:
     if not rows:
         print("nothing tuned yet", file=sys.stderr)
         return 0
-    header = ("gpu", "family", "dtype", "shape", "kernel", "time_us", "peer_time_us", "speedup")
+    header = ("gpu", "family", "dtype", "shape", "cache", "kernel", "time_us", "peer_time_us", "speedup")
     widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in header]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for r in rows:
@@ -118,17 +120,22 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from tuning_db import TuningDB
+    from tuning_db import TuningDB, one_per_problem
     from .cli import problems_from_args
     from .render import render
 
     (problem,) = problems_from_args(args)
     family = get_family(problem.family)
-    matches = [w for w in TuningDB(args.db).winners(family=problem.family, dtype=problem.dtype)
-               if w.trial.shape_key == problem.shape_key]
+    found, invalid = TuningDB(args.db, readonly=True).winners_checked(  # reads only
+        family=problem.family, dtype=problem.dtype, shape_key=problem.shape_key)
+    matches = one_per_problem(found)  # the cold-cache winner where both are stored
     gpu = args.gpu or _local_gpu_name()
     if gpu:
         matches = [w for w in matches if w.device.name == gpu]
+        invalid = [row for row in invalid if row.gpu == gpu]
+    _report_invalid(invalid)
+    if not matches and invalid:
+        raise InvalidConfigError(f"the stored winner for {problem} is invalid: {invalid[0].describe()}")
     if not matches:
         raise NotTunedError(f"nothing stored for {problem}" + (f" on {gpu}" if gpu else ""))
     if len(matches) > 1:
@@ -186,6 +193,12 @@ def cmd_db(args) -> int:
     revision = upgrade(args.db)
     print(f"database at revision {revision}")
     return 0
+
+
+def _report_invalid(invalid) -> None:
+    """One stderr line per stored row that cannot be read; the command goes on without it."""
+    for row in invalid:
+        print(f"autogen: warning: skipped invalid row {row.describe()}", file=sys.stderr)
 
 
 def _local_gpu_name() -> str | None:

@@ -1,8 +1,9 @@
 """The pre-tuned catalog shipped with autogen: winners tuned on our GPUs, as legible JSON.
 
 At first use the catalog is loaded into a SQLite file in the user's cache directory (named by the
-catalog's hash, so a new release builds a new one) and queried like any tuning database. The
-dispatcher asks the user's own database first, so local tuning always takes precedence.
+catalog's hash, so a new release builds a new one) and queried like any tuning database; where
+that folder cannot be written, into an in-memory database (said once on stderr). The dispatcher
+asks the user's own database first, so local tuning always takes precedence.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import json
 import os
 from pathlib import Path
 
-from tuning_db import TuningDB
+from tuning_db import DatabaseError, TuningDB
 from tuning_db.records import DeviceIdentity, TrialRecord
+
+from .notes import note_once
 
 CATALOG_DIR = Path(__file__).resolve().parent / "data"
 FORMAT = 1
@@ -63,9 +66,22 @@ def pretuned_db() -> TuningDB | None:
     path = cache / f"pretuned-{digest}.db"
     if not path.exists():
         building = path.with_suffix(f".{os.getpid()}.tmp")
-        db = TuningDB(f"sqlite:///{building}")
-        for file in files:
-            load_catalog(db, file)
-        db.close()
-        os.replace(building, path)  # atomic: concurrent first uses never see half a catalog
-    return TuningDB(f"sqlite:///{path}")
+        try:
+            db = TuningDB(f"sqlite:///{building}")
+            for file in files:
+                load_catalog(db, file)
+            db.close()
+            os.replace(building, path)  # atomic: concurrent first uses never see half a catalog
+        except (DatabaseError, OSError) as exc:  # the cache folder cannot be written
+            for leftover in (building, Path(f"{building}-wal"), Path(f"{building}-shm")):
+                try:
+                    leftover.unlink(missing_ok=True)
+                except OSError:
+                    pass
+            note_once(("pretuned", str(cache)), f"cannot cache the pre-tuned catalog in {cache} "
+                      f"({getattr(exc, 'strerror', None) or exc}); it is loaded in memory for this process")
+            db = TuningDB("sqlite://")  # in memory, shared by every thread of this process
+            for file in files:
+                load_catalog(db, file)
+            return db
+    return TuningDB(f"sqlite:///{path}", readonly=True)  # served only: never written again

@@ -302,12 +302,29 @@ class Tuner:
         if not ok:
             self.progress("no variant passed validation; nothing stored as winner")
             return
-        finalists = self._retime(backend, ok[: self.options.top_k])
+        best = ok[: self.options.top_k]
+        # The stored winner (another run's, maybe) is re-timed side by side with ours: set_winner
+        # replaces it only on that evidence, or on the stored figures beyond its spread.
+        stored = next(iter(self.db.winners(family=self.problem.family, gpu_name=self.device.name,
+                                           compute_capability=self.device.compute_capability,
+                                           dtype=self.problem.dtype, shape_key=self.problem.shape_key,
+                                           cache_mode=self.options.cache_mode)), None)
+        stored_trial = next((t for t in ok if stored and t.kernel_name == stored.trial.kernel_name), None)
+        if stored_trial is not None and stored_trial not in best:
+            best.append(stored_trial)
+        finalists = self._retime(backend, best)
+        retimed = finalists is not best  # _retime hands back its input when it did not re-time
         winner, margin = pick_winner(finalists)
         peer_name, peer_time = (peer[0], statistics.median(peer[1])) if peer else ("", None)
         self.result.candidates = finalists
-        self.result.winner = self.db.set_winner(self.device, winner, peer_name=peer_name, peer_time_us=peer_time,
-                                                margin=margin, autogen_version=__version__)
+        self.result.winner = self.db.set_winner(
+            self.device, winner, peer_name=peer_name, peer_time_us=peer_time, margin=margin,
+            autogen_version=__version__,
+            retimed_against=stored.trial.kernel_name if retimed and stored_trial is not None else None)
+        if self.result.winner.trial.kernel_name != winner.kernel_name:
+            self.progress(f"kept the stored winner {self.result.winner.trial.kernel_name} "
+                          f"({self.result.winner.trial.time_us:.2f} us): {winner.kernel_name} is not faster "
+                          "beyond its spread")
 
     def _retime(self, backend, best: list[TrialRecord]) -> list[TrialRecord]:
         if len(best) < 2:
