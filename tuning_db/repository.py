@@ -323,6 +323,17 @@ def _require_head(engine: Engine, url: str, create: bool) -> None:
         )
 
 
+def _require_head_readonly(url: str, create: bool) -> None:
+    revision = current_revision(url)
+    head = migrations.head_revision()
+    if revision != head and not (revision is None and create):
+        raise DatabaseError(
+            f"{display_url(url)} is at schema revision {revision or '(none)'}, not {head}: "
+            f"{UPGRADE_HINT} (or open it with upgrade=True)",
+            url,
+        )
+
+
 def upgrade(url: str | os.PathLike | None = None) -> str:
     """Migrate the database at ``url`` (default: default_url()) to head; returns the head.
 
@@ -661,6 +672,10 @@ class TuningDB:
             self._engine = _readonly_engine(self._url)
             self._writer = None
             return
+        if not upgrade:
+            # Refused before a writing connection exists: that one would already switch the
+            # journal mode of a database it is not going to use.
+            _require_head_readonly(self._url, create)
         _prepare(self._url)
         self._engine = _create_engine(self._url)
         # SQLite writers take the write lock at BEGIN, so a transaction that reads before it
