@@ -101,22 +101,26 @@ def cmd_bench(args) -> int:
 
 
 def _winners(db_url, **filters):
-    """(source, winner) for every winner of the user's database and the shipped catalog."""
+    """((source, winner) pairs, invalid rows) of the user's database, opened read-only, and the
+    shipped catalog."""
     from tuning_db import TuningDB
 
     from .pretuned import WithCatalog
-    return WithCatalog(TuningDB(db_url)).labelled_winners(**filters)
+    return WithCatalog(TuningDB(db_url, readonly=True)).labelled_winners(**filters)
 
 
 def cmd_list(args) -> int:
     if args.family:
         get_family(args.family)
+    found, invalid = _winners(args.db, family=args.family)
+    _report_invalid(invalid)
     rows = []
-    for source, w in sorted(_winners(args.db, family=args.family),
-                            key=lambda p: (p[1].device.name, p[1].trial.family, p[1].trial.dtype, p[1].trial.shape_key)):
+    for source, w in sorted(found,
+                            key=lambda p: (p[1].device.name, p[1].trial.family, p[1].trial.dtype, p[1].trial.shape_key,
+                                           p[1].trial.cache_mode)):
         speedup = w.peer_time_us / w.trial.time_us if w.peer_time_us and w.trial.time_us else None
         rows.append({"gpu": w.device.name, "family": w.trial.family, "dtype": w.trial.dtype,
-                     "shape": w.trial.shape_key, "kernel": w.trial.kernel_name,
+                     "shape": w.trial.shape_key, "cache": w.trial.cache_mode, "kernel": w.trial.kernel_name,
                      "time_us": round(w.trial.time_us, 3) if w.trial.time_us else None,
                      "peer_time_us": round(w.peer_time_us, 3) if w.peer_time_us else None,
                      "speedup": round(speedup, 3) if speedup else None, "source": source})
@@ -126,7 +130,7 @@ def cmd_list(args) -> int:
     if not rows:
         print("nothing tuned yet", file=sys.stderr)
         return 0
-    header = ("gpu", "family", "dtype", "shape", "kernel", "time_us", "peer_time_us", "speedup", "source")
+    header = ("gpu", "family", "dtype", "shape", "cache", "kernel", "time_us", "peer_time_us", "speedup", "source")
     cells = [[terminal_text(r[h] if r[h] is not None else "-") for h in header] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
@@ -136,15 +140,21 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
+    from tuning_db import one_per_problem
+
     from .render import render
 
     family = _family(args)
     (problem,) = problems_from_args(args, family)
-    matches = [(source, w) for source, w in _winners(args.db, family=problem.family, dtype=problem.dtype)
-               if w.trial.shape_key == problem.shape_key]
+    found, invalid = _winners(args.db, family=problem.family, dtype=problem.dtype, shape_key=problem.shape_key)
+    matches = [(s, w) for s, w in found if w in one_per_problem([w for _, w in found])]  # cold first
     gpu = args.gpu or _local_gpu_name()
     if gpu:
         matches = [(s, w) for s, w in matches if w.device.name == gpu]
+        invalid = [row for row in invalid if row.gpu == gpu]
+    _report_invalid(invalid)
+    if not matches and invalid:
+        raise InvalidConfigError(f"the stored winner for {problem} is invalid: {invalid[0].describe()}")
     if not matches:
         raise NotTunedError(f"nothing stored for {problem}" + (f" on {gpu}" if gpu else ""))
     if len(matches) > 1:
@@ -211,6 +221,12 @@ def cmd_db(args) -> int:
     revision = upgrade(args.db)
     print(f"database at revision {revision}")
     return 0
+
+
+def _report_invalid(invalid) -> None:
+    """One stderr line per stored row that cannot be read; the command goes on without it."""
+    for row in invalid:
+        print(f"autogen: warning: skipped invalid row {terminal_text(row.describe())}", file=sys.stderr)
 
 
 def _local_gpu_name() -> str | None:

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 from .errors import CompileError, GpuUnavailableError
+from .notes import note_once
 from .paths import kernel_cache_dir, write_atomically
 
 CACHE_VERSION = "1"  # bump when the way binaries are produced changes
 BASE_OPTIONS = ("-std=c++17",)
+# Binaries that could not be written to the disk cache, by file name: kept for this process.
+_IN_MEMORY: dict[str, bytes] = {}
+_IN_MEMORY_LOCK = threading.Lock()
 
 
 def _nvrtc():
@@ -49,10 +54,23 @@ def compile_cubin(source: str, arch: str, cache_dir: str | None = None) -> bytes
     options = compile_options(arch)
     folder = Path(cache_dir) if cache_dir else kernel_cache_dir()
     path = folder / (cache_key(source, options, nvrtc_version()) + ".cubin")
-    if path.is_file():
-        return path.read_bytes()
+    try:
+        if path.is_file():
+            return path.read_bytes()
+    except OSError:
+        pass  # an unreadable cache entry is compiled again
+    with _IN_MEMORY_LOCK:
+        kept = _IN_MEMORY.get(path.name)
+    if kept is not None:
+        return kept
     cubin = _nvrtc_compile(nvrtc, source, options)
-    write_atomically(path, cubin)
+    try:
+        write_atomically(path, cubin)
+    except OSError as exc:  # the cache is best-effort: a read-only folder must not stop a kernel
+        with _IN_MEMORY_LOCK:
+            _IN_MEMORY[path.name] = cubin
+        note_once(("kernel-cache", str(folder)), f"cannot write the kernel cache {folder} "
+                  f"({exc.strerror or exc}); compiled kernels are kept in memory for this process")
     return cubin
 
 

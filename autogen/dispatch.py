@@ -16,12 +16,14 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from tuning_db import TuningDB
+from tuning_db import DatabaseError, TuningDB, one_per_problem
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
+from tuning_db.repository import display_url
 
-from .errors import ArgumentError, NotTunedError
+from .errors import ArgumentError, InvalidConfigError, NotTunedError, UsageError
 from .family import get_family
-from .problem import Config, Problem, parse_shape_key
+from .notes import note_once
+from .problem import Config, Problem, nearest, parse_shape_key, problem_of_record
 from .render import render, source_hash
 
 
@@ -64,12 +66,15 @@ class Dispatcher:
         self._kernels: dict[tuple, TunedKernel] = {}
         self._lock = threading.Lock()
         self._dbs: list[TuningDB] | None = None
+        self._validation_store: TuningDB | None = None  # opened for the first verdict to store
+        self._verdicts: dict[tuple, bool] = {}  # validations of this process, stored or not
 
     def databases(self) -> list[TuningDB]:
         if self._dbs is None:
             from .pretuned import pretuned_db
             shipped = pretuned_db()
-            self._dbs = [TuningDB(self.db_url)] + ([shipped] if shipped is not None else [])
+            # Read-only: looking kernels up never creates, migrates or switches the user's database.
+            self._dbs = [TuningDB(self.db_url, readonly=True)] + ([shipped] if shipped is not None else [])
         return self._dbs
 
     def lookup(self, problem: Problem, strict: bool = False, device: int | None = None) -> TunedKernel:
@@ -101,6 +106,10 @@ class Dispatcher:
         winners = [w for db in self.databases()
                    for w in db.winners(family=problem.family, dtype=problem.dtype,
                                        compute_capability=device.compute_capability)]
+        # Malformed rows are left out by winners(); rows this family cannot serve are skipped
+        # here, so the chain falls back to the next candidate. The cold-cache winner of a shape
+        # goes first where a hot one is stored too.
+        winners = one_per_problem([w for w in winners if _servable(family, w)])
         same_gpu = [w for w in winners if w.device.name == device.name]
         exact = [w for w in same_gpu if w.trial.shape_key == problem.shape_key]
         if exact:
@@ -134,9 +143,13 @@ class Dispatcher:
 
     def _validated(self, family, problem: Problem, config: Config, kernel: TunedKernel,
                    device: DeviceIdentity) -> bool:
-        """Check a kernel on a shape it was not tuned for, once; the verdict is stored."""
+        """Check a kernel on a shape it was not tuned for, once; the verdict is stored (kept in
+        memory where the database cannot take it)."""
         user_db = self.databases()[0]
         digest = kernel.provenance["source_hash"]
+        remembered = (device.name, device.compute_capability, problem, digest)
+        if remembered in self._verdicts:
+            return self._verdicts[remembered]
         known = user_db.validation(device, problem.family, problem.dtype, problem.shape_key, digest)
         if known is not None:
             return known.passed
@@ -147,18 +160,51 @@ class Dispatcher:
         check = validate(family, problem, lambda inputs: kernel.launch(inputs), cupy,
                          cupy.random.default_rng(secrets.randbits(63)))
         cupy.cuda.get_current_stream().synchronize()
-        user_db.record_validation(device, ValidationRecord(
+        self._verdicts[remembered] = check.ok
+        self._store_validation(device, ValidationRecord(
             family=problem.family, dtype=problem.dtype, shape_key=problem.shape_key,
             kernel_name=kernel.name, source_hash=digest, passed=check.ok,
             error=check.error if check.ok else None, reason=check.reason))
         return check.ok
 
+    def _store_validation(self, device: DeviceIdentity, record: ValidationRecord) -> None:
+        """Store a verdict in the user's database: created if missing, never migrated (an older
+        schema asks for `autogen db upgrade`). Where that fails, says so once on stderr."""
+        try:
+            if self._validation_store is None:
+                self._validation_store = TuningDB(self.db_url, upgrade=False, create=True)
+            self._validation_store.record_validation(device, record)
+        except DatabaseError as exc:
+            note_once(("validations", self.db_url),
+                      f"cannot store kernel validations in {display_url(self.databases()[0].url)} ({exc}); "
+                      "they are kept in memory for this process")
+
+
+def _servable(family, winner: WinnerRecord) -> bool:
+    """Whether this family can serve the stored winner: its shape key names the family's
+    dimensions and its params are in the family's space. Otherwise it is skipped, noted once."""
+    try:
+        dims = parse_shape_key(winner.trial.shape_key)
+        names = family.dims + tuple(t.name for t in family.traits)
+        if tuple(name for name, _ in dims) != names:
+            raise InvalidConfigError(f"shape {winner.trial.shape_key!r} does not name {', '.join(names)}")
+        family.problem(winner.trial.dtype, **dict(dims))
+        family.space.check(winner.trial.params)
+    except (ValueError, UsageError, InvalidConfigError) as exc:
+        note_once(("unservable", winner.device.name, winner.trial.family, winner.trial.dtype, winner.trial.shape_key,
+                   winner.trial.cache_mode),
+                  f"skipped the stored {winner.trial.family} {winner.trial.dtype} winner for "
+                  f"{winner.trial.shape_key!r} on {winner.device.name!r}: {exc}")
+        return False
+    return True
+
 
 def _by_distance(family, problem: Problem, winners: list[WinnerRecord]) -> list[WinnerRecord]:
-    def distance(w: WinnerRecord) -> tuple:
-        other = Problem(problem.family, problem.dtype, parse_shape_key(w.trial.shape_key))
-        return (family.distance(problem, other), w.trial.shape_key, w.device.name)
-    return sorted(winners, key=distance)
+    """Nearest first (problem.nearest: the ordering export and the warm start share); a tie goes
+    to the smaller shape key, then the GPU name."""
+    return nearest(problem, winners,
+                   lambda w: problem_of_record(w.trial.family, w.trial.dtype, w.trial.shape_key),
+                   tie=lambda w: (w.device.name,))
 
 
 _CUPY = None

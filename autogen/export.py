@@ -23,13 +23,13 @@ from pathlib import Path
 
 from tuning_db import TuningDB
 from tuning_db.repository import display_url
-from tuning_db.records import DeviceIdentity, WinnerRecord
+from tuning_db.records import DeviceIdentity, WinnerRecord, one_per_problem
 
 from . import __version__
 from .errors import GpuUnavailableError, InvalidConfigError, NotTunedError, UsageError
 from .family import Family, get_family
 from .dtypes import DTYPES
-from .problem import Config, Problem, parse_shape_key
+from .problem import Config, Problem, nearest, parse_shape_key
 from .paths import write_atomically
 from .pretuned import pretuned_db
 from .render import render, render_template
@@ -206,7 +206,13 @@ def choose_target(db: TuningDB, family: Family, gpu: str | None, arch: str | Non
             gpu, cc = here.name, here.compute_capability
         else:
             gpu, cc = _only_gpu(db)
-    winners = db.winners(family=family.name, gpu_name=gpu, compute_capability=cc)
+    winners, invalid = db.winners_checked(family=family.name, gpu_name=gpu, compute_capability=cc)
+    if invalid:  # never export around a row that cannot be read: it may be the one that matters
+        more = f" (and {len(invalid) - 1} more invalid row(s))" if len(invalid) > 1 else ""
+        raise InvalidConfigError(f"cannot export from {display_url(db.url)}: invalid stored {invalid[0].describe()}"
+                                 f"{more}; re-tune that shape or delete the row, or pick another GPU with --gpu "
+                                 "or --arch")
+    winners = one_per_problem(winners)  # the cold-cache winner where a shape has both
     if not winners:
         target = " ".join(part for part in (gpu and f"GPU {gpu!r}", cc and f"compute capability {cc}") if part)
         raise NotTunedError(f"nothing tuned for {family.name} on {target} in {display_url(db.url)}; run "
@@ -352,9 +358,9 @@ def c_arg_names(c_params: str, family: Family) -> tuple[str, ...]:
 
 def nearest_index(family: Family, shapes: Sequence[Problem], query: Problem) -> int:
     """The rule of autogen.dispatch that the generated C follows: the nearest tuned shape by
-    family.distance(query, tuned), a tie going to the smaller shape key. The C table is sorted by
-    shape key, so there a tie goes to the earlier row."""
-    return min(range(len(shapes)), key=lambda i: (family.distance(query, shapes[i]), shapes[i].shape_key))
+    problem.nearest (log2 distance, a tie going to the smaller shape key). The C table is sorted
+    by shape key, so there a tie goes to the earlier row."""
+    return nearest(query, range(len(shapes)), lambda i: shapes[i])[0]
 
 
 def _variant(family: Family, dtype: str, config: Config, traits: tuple = ()) -> Variant:
@@ -448,7 +454,7 @@ def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] |
     out = Path(request.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
-    with TuningDB(request.db_url) as db:
+    with TuningDB(request.db_url, readonly=True) as db:  # export only reads: nothing is created
         try:
             winners = choose_target(db, family, request.gpu, arch, detect)
         except NotTunedError:

@@ -34,8 +34,8 @@ def finish(family, problem, options, db: TuningDB, device, backend, nothing_new:
         copy_gbs, fp32_tflops = ceilings.copy_gbs, ceilings.fp32_tflops
     except Exception as exc:
         progress(f"the roofline could not be measured: {exc}")
-    stored = db.winner(device, problem.family, problem.dtype, problem.shape_key)
-    if nothing_new and stored is not None and stored.trial.cache_mode == options.cache_mode:
+    stored = _stored_winner(db, device, problem, options.cache_mode)
+    if nothing_new and stored is not None:
         # A resumed search that measured nothing has nothing to decide: the stored winner stands.
         progress("nothing new was measured: the stored winner stands (no re-timing)")
         return Finish(stored, [stored.trial], copy_gbs, fp32_tflops)
@@ -49,12 +49,30 @@ def finish(family, problem, options, db: TuningDB, device, backend, nothing_new:
     if not ok:
         progress("no variant passed validation; nothing stored as winner")
         return Finish(None, [], copy_gbs, fp32_tflops)
-    finalists = retime(family, problem, options, db, device, backend, ok[: options.top_k], progress)
+    best = ok[: options.top_k]
+    # The stored winner (another run's, maybe) is re-timed side by side with ours: set_winner
+    # replaces it only on that evidence, or on the stored figures beyond its spread.
+    stored_trial = next((t for t in ok if stored and t.kernel_name == stored.trial.kernel_name), None)
+    if stored_trial is not None and stored_trial not in best:
+        best.append(stored_trial)
+    finalists = retime(family, problem, options, db, device, backend, best, progress)
+    retimed = finalists is not best  # retime hands back its input when it did not re-time
     winner, margin = pick_winner(finalists)
     peer_name, peer_time = (peer[0], statistics.median(peer[1])) if peer else ("", None)
-    stored = db.set_winner(device, winner, peer_name=peer_name, peer_time_us=peer_time, margin=margin,
-                           autogen_version=__version__)
-    return Finish(stored, finalists, copy_gbs, fp32_tflops)
+    kept = db.set_winner(device, winner, peer_name=peer_name, peer_time_us=peer_time, margin=margin,
+                         autogen_version=__version__,
+                         retimed_against=stored.trial.kernel_name if retimed and stored_trial is not None else None)
+    if kept.trial.kernel_name != winner.kernel_name:
+        progress(f"kept the stored winner {kept.trial.kernel_name} ({kept.trial.time_us:.2f} us): "
+                 f"{winner.kernel_name} is not faster beyond its spread")
+    return Finish(kept, finalists, copy_gbs, fp32_tflops)
+
+
+def _stored_winner(db: TuningDB, device, problem, cache_mode: str) -> WinnerRecord | None:
+    """The winner stored for this problem and cache mode (None where none, or only a bad row)."""
+    found = db.winners(family=problem.family, gpu_name=device.name, compute_capability=device.compute_capability,
+                       dtype=problem.dtype, shape_key=problem.shape_key, cache_mode=cache_mode)
+    return found[0] if found else None
 
 
 def retime(family, problem, options, db: TuningDB, device, backend, best: list[TrialRecord],

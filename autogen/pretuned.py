@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from tuning_db import TuningDB
+from tuning_db import TuningDB, one_per_problem
 from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 
 from .paths import write_atomically
@@ -68,17 +68,23 @@ class ShippedCatalog:
                                                       w.trial.dtype, w.trial.shape_key))
 
     def winners(self, *, family: str | None = None, gpu_name: str | None = None,
-                compute_capability: str | None = None, dtype: str | None = None) -> list[WinnerRecord]:
-        wanted = {"family": family, "dtype": dtype}
+                compute_capability: str | None = None, dtype: str | None = None, shape_key: str | None = None,
+                cache_mode: str | None = None) -> list[WinnerRecord]:
+        wanted = {"family": family, "dtype": dtype, "shape_key": shape_key, "cache_mode": cache_mode}
         return [w for w in self._winners
                 if all(v is None or getattr(w.trial, k) == v for k, v in wanted.items())
                 and (gpu_name is None or w.device.name == gpu_name)
                 and (compute_capability is None or w.device.compute_capability == compute_capability)]
 
-    def winner(self, device: DeviceIdentity, family: str, dtype: str, shape_key: str) -> WinnerRecord | None:
-        return next((w for w in self.winners(family=family, gpu_name=device.name, dtype=dtype,
-                                             compute_capability=device.compute_capability)
-                     if w.trial.shape_key == shape_key), None)
+    def winners_checked(self, **filters) -> tuple[list[WinnerRecord], list]:
+        """As TuningDB.winners_checked: the catalog ships no invalid rows."""
+        return self.winners(**filters), []
+
+    def winner(self, device: DeviceIdentity, family: str, dtype: str, shape_key: str,
+               cache_mode: str | None = None) -> WinnerRecord | None:
+        found = one_per_problem(self.winners(family=family, gpu_name=device.name, dtype=dtype, shape_key=shape_key,
+                                             compute_capability=device.compute_capability, cache_mode=cache_mode))
+        return found[0] if found else None
 
     def close(self) -> None:
         pass
@@ -103,18 +109,17 @@ class WithCatalog:
         self.url = db.url
         self.catalog = pretuned_db()
 
-    def labelled_winners(self, **filters) -> list[tuple[str, WinnerRecord]]:
-        """(source, winner) pairs: source is "database" or "shipped"."""
-        sources = [("database", self.db)] + ([("shipped", self.catalog)] if self.catalog is not None else [])
-        seen, found = set(), []
-        for label, source in sources:
-            for winner in source.winners(**filters):
-                key = (winner.device.name, winner.device.compute_capability, winner.trial.family,
-                       winner.trial.dtype, winner.trial.shape_key)
-                if key not in seen:
-                    seen.add(key)
-                    found.append((label, winner))
-        return found
+    def labelled_winners(self, **filters) -> tuple[list[tuple[str, WinnerRecord]], list]:
+        """((source, winner) pairs, the user database's invalid rows): source is "database" or
+        "shipped"; malformed rows are reported, never raised."""
+        mine, invalid = self.db.winners_checked(**filters)
+        found = [("database", w) for w in mine]
+        seen = {_problem_key(w) for w in mine}
+        if self.catalog is not None:
+            found += [("shipped", w) for w in self.catalog.winners(**filters) if _problem_key(w) not in seen]
+        return found, invalid
 
-    def winners(self, **filters) -> list[WinnerRecord]:
-        return [winner for _label, winner in self.labelled_winners(**filters)]
+
+def _problem_key(winner: WinnerRecord) -> tuple:
+    return (winner.device.name, winner.device.compute_capability, winner.trial.family, winner.trial.dtype,
+            winner.trial.shape_key, winner.trial.cache_mode)

@@ -337,12 +337,21 @@ def test_nothing_tuned_exits_1_and_writes_nothing(tmp_path, capsys, no_catalog):
     ("dtype", "float64", "sgemv has no dtype 'float64'"),
 ])
 def test_tampered_record_is_refused_naming_it(tmp_path, capsys, field, stored, fragment):
+    import json
+    import sqlite3
+
     url = sgemv_db(f"sqlite:///{tmp_path / 'tuning.db'}")
     values = {"params": SMALL_ROWS, "shape_key": "m=16,n=16", "time_us": 2.0, "dtype": "float32"}
-    values[field] = stored
     with TuningDB(url) as db:
         store_winner(db, H100, "sgemv", {}, values["params"], values["time_us"], dtype=values["dtype"],
                      shape_key=values["shape_key"])
+    # Tampered after it was stored, as set_winner refuses to store some of these values.
+    values[field] = stored
+    column_value = json.dumps(stored) if field == "params" else stored
+    with sqlite3.connect(tmp_path / "tuning.db") as connection:
+        tables = ("autogen_trials", "autogen_winners") if field in ("shape_key", "dtype") else ("autogen_trials",)
+        for table in tables:
+            connection.execute(f"UPDATE {table} SET {field} = ? WHERE shape_key = 'm=16,n=16'", (column_value,))
     out = tmp_path / "out"
     assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", url) == 2
     err = capsys.readouterr().err

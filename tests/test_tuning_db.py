@@ -317,7 +317,7 @@ def test_default_url_and_bare_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_opening_without_upgrade_requires_head(tmp_path: Path):
     old = tmp_path / "old.db"
     load_rev0001(old)
-    with pytest.raises(DatabaseError, match="revision 0001, not 0002"):
+    with pytest.raises(DatabaseError, match="revision 0001, not 0003: run `autogen db upgrade`"):
         TuningDB(old, upgrade=False)
     TuningDB(old).close()
     with TuningDB(old, upgrade=False) as database:
@@ -331,9 +331,9 @@ def test_migrations_from_empty_to_head(tmp_path: Path):
     path = tmp_path / "fresh.db"
     assert current_revision(path) is None
     assert not path.exists(), "asking for the revision must not create the database"
-    assert upgrade(path) == migrations.head_revision() == "0002"
-    assert current_revision(path) == "0002"
-    assert upgrade(path) == "0002"  # idempotent
+    assert upgrade(path) == migrations.head_revision() == "0003"
+    assert current_revision(path) == "0003"
+    assert upgrade(path) == "0003"  # idempotent
     with sqlite3.connect(path) as connection:
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
     assert {table.name for table in Base.metadata.sorted_tables} <= tables
@@ -381,7 +381,7 @@ def test_upgrading_a_rev0001_database_keeps_its_rows(tmp_path: Path):
     assert current_revision(path) == "0001"
 
     with TuningDB(path) as database:
-        assert current_revision(path) == "0002"
+        assert current_revision(path) == "0003"
         h100 = dataclasses.replace(H100, driver_version=12040, runtime_version=12040)
         trials = database.trials(h100, "gemv", "float32", SHAPE)
         names = [t.kernel_name for t in trials]
@@ -445,6 +445,10 @@ def test_shared_database_keeps_other_tools_tables(tmp_path: Path):
         connection.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
         connection.execute("INSERT INTO studies VALUES (1, 'optuna study')")
         connection.execute("INSERT INTO alembic_version VALUES ('v3.0.0.d')")
+    # Sharing another tool's database is done on purpose (`autogen db upgrade`), never implicitly.
+    with pytest.raises(CorruptDatabaseError, match="another application's table"):
+        TuningDB(path)
+    upgrade(path)
     with TuningDB(path) as database:
         database.record_trial(H100, make_trial())
     with sqlite3.connect(path) as connection:
@@ -479,7 +483,8 @@ def _other_programs_autogen_table(path: Path) -> None:
 def _autogen_version_but_wrong_tables(path: Path) -> None:
     with sqlite3.connect(path) as connection:
         connection.execute(f"CREATE TABLE {migrations.VERSION_TABLE} (version_num VARCHAR(32))")
-        connection.execute(f"INSERT INTO {migrations.VERSION_TABLE} VALUES ('0002')")
+        connection.execute(
+            f"INSERT INTO {migrations.VERSION_TABLE} VALUES ('{migrations.head_revision()}')")
         connection.execute("CREATE TABLE autogen_trials (id INTEGER PRIMARY KEY, note TEXT)")
 
 
@@ -525,7 +530,7 @@ def _hammer(url: str, worker: int, barrier, results) -> None:
                 kernel = KERNELS[(step + worker) % len(KERNELS)]
                 trial = make_trial(
                     kernel,
-                    time_us=worker * 1000.0 + step,
+                    time_us=worker * 1000.0 + step + 1.0,  # a stored time is positive
                     shape_key=SHAPES[step % len(SHAPES)],
                     cache_mode=("cold", "hot")[(step // len(SHAPES)) % 2],
                     **({"status": "failed", "reason": "broken"} if kernel == "gemv_broken" else {}),
@@ -587,8 +592,9 @@ def test_concurrent_processes_lose_and_duplicate_nothing(tmp_path: Path):
             assert time_us in times_by_key[(shape, kernel, mode)]
 
     with TuningDB(url) as database:
-        winners = database.winners()
-        assert sorted(w.trial.shape_key for w in winners) == sorted(SHAPES)
+        winners = database.winners()  # one per shape and cache mode
+        assert sorted((w.trial.shape_key, w.trial.cache_mode) for w in winners) == sorted(
+            (shape, mode) for shape in SHAPES for mode in ("cold", "hot"))
         for winner in winners:
             stored = database.find_trial(
                 H100, "gemv", "float32", winner.trial.shape_key, winner.trial.kernel_name,

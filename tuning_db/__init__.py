@@ -3,10 +3,18 @@
 Everything goes through TuningDB, which speaks only in the frozen records below.
 """
 
-from tuning_db.records import DeviceIdentity, TrialRecord, ValidationRecord, WinnerRecord
+from tuning_db.records import (
+    DeviceIdentity,
+    InvalidRow,
+    TrialRecord,
+    ValidationRecord,
+    WinnerRecord,
+    one_per_problem,
+)
 from tuning_db.repository import (
     CorruptDatabaseError,
     DatabaseError,
+    InvalidRowError,
     TuningDB,
     current_revision,
     default_url,
@@ -17,11 +25,14 @@ __all__ = [
     "CorruptDatabaseError",
     "DatabaseError",
     "DeviceIdentity",
+    "InvalidRow",
+    "InvalidRowError",
     "TrialRecord",
     "TuningDB",
     "ValidationRecord",
     "WinnerRecord",
     "current_revision",
     "default_url",
+    "one_per_problem",
     "upgrade",
 ]

@@ -144,11 +144,13 @@ class TrialRow(Base):
 
 
 class WinnerRow(Base):
-    """The served kernel of one problem on one GPU model."""
+    """The served kernel of one problem on one GPU model, per cache mode (revision 0003)."""
 
     __tablename__ = "autogen_winners"
     __table_args__ = (
-        UniqueConstraint("gpu_id", "family", "dtype", "shape_key", name="uq_autogen_winners_key"),
+        UniqueConstraint(
+            "gpu_id", "family", "dtype", "shape_key", "cache_mode", name="uq_autogen_winners_key"
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -163,6 +165,8 @@ class WinnerRow(Base):
     margin: Mapped[float | None] = mapped_column(Float)
     autogen_version: Mapped[str] = mapped_column(String(64))
     updated_at: Mapped[str] = mapped_column(TIMESTAMP)
+    # Added by revision 0003 (filled from the winner's trial): always its trial's cache_mode.
+    cache_mode: Mapped[str] = mapped_column(String(8), server_default="cold")
 
     def to_record(self, gpu: GpuRow, trial: TrialRow) -> WinnerRecord:
         return WinnerRecord(

@@ -73,3 +73,44 @@ class ValidationRecord:
     error: float | None = None
     reason: str = ""
     created_at: str = ""
+
+
+@dataclass(frozen=True)
+class InvalidRow:
+    """A stored row that cannot become a record (tampered, or written by something else).
+
+    Readers skip it and report it; the stored values are kept as found (they may be of any type),
+    so messages show them with repr.
+    """
+
+    table: str  # "autogen_winners", "autogen_trials", ...
+    row_id: object
+    reason: str  # one line: what is wrong with it
+    gpu: object = None
+    family: object = None
+    dtype: object = None
+    shape_key: object = None
+    cache_mode: object = None
+
+    def describe(self) -> str:
+        """One line naming the row: table and id, then the problem as stored."""
+        parts = [f"{name} {value!r}" for name, value in (
+            ("GPU", self.gpu), ("family", self.family), ("dtype", self.dtype),
+            ("shape", self.shape_key), ("cache", self.cache_mode)) if value is not None]
+        return f"{self.table} row {self.row_id!r} ({', '.join(parts)}): {self.reason}"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def one_per_problem(winners: "list[WinnerRecord] | tuple[WinnerRecord, ...]") -> list[WinnerRecord]:
+    """One winner per (GPU, family, dtype, shape): the cold-cache one where both are stored (cold
+    is how weights are read in inference), else the hot one. Keeps the order of ``winners``."""
+    chosen: dict[tuple, WinnerRecord] = {}
+    for winner in winners:
+        key = (winner.device.name, winner.device.compute_capability, winner.trial.family,
+               winner.trial.dtype, winner.trial.shape_key)
+        if key not in chosen or (chosen[key].trial.cache_mode != "cold" and winner.trial.cache_mode == "cold"):
+            chosen[key] = winner
+    keep = {id(w) for w in chosen.values()}
+    return [w for w in winners if id(w) in keep]

@@ -76,15 +76,17 @@ def downgrade_to(connection: Connection, revision: str) -> None:
     command.downgrade(alembic_config(connection), revision)
 
 
-def upgrade_database(connection: Connection) -> str:
+def upgrade_database(connection: Connection, adopt: bool = False) -> str:
     """Check that the database is ours and bring it to head; returns the head revision.
 
     The caller's transaction must hold the write lock (SQLite: BEGIN IMMEDIATE) so that processes
     opening a new database at the same moment migrate it once; PostgreSQL takes a lock here.
+    ``adopt``: add autogen's tables to a database that holds only other applications' tables
+    (an explicit `autogen db upgrade`); otherwise such a database is refused.
     """
     if connection.dialect.name == "postgresql":
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-    check_ownership(connection)
+    check_ownership(connection, adopt)
     revision = stamped_revision(connection)
     if revision is not None and revision not in known_revisions():
         raise NewerSchemaError(
@@ -100,13 +102,23 @@ def upgrade_database(connection: Connection) -> str:
     return head_revision()
 
 
-def check_ownership(connection: Connection) -> None:
-    """Raise ForeignDatabaseError when the ``autogen_*`` tables here cannot be autogen's own.
+def check_ownership(connection: Connection, adopt: bool = False) -> None:
+    """Raise ForeignDatabaseError when the ``autogen_*`` tables here cannot be autogen's own, or
+    when the database holds other applications' tables and no autogen table (unless ``adopt``).
     Only reads, so a foreign database is refused before anything is written."""
     inspector = inspect(connection)
-    tables = sorted(name for name in inspector.get_table_names() if name.startswith("autogen_"))
+    names = inspector.get_table_names()
+    tables = sorted(name for name in names if name.startswith("autogen_"))
     if not tables:
-        return  # a new database, or one shared with other tools
+        others = sorted(names)
+        if others and not adopt:
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            raise ForeignDatabaseError(
+                f"it holds another application's table(s) ({shown}) and no autogen table; "
+                "autogen adds its tables to such a database only when asked to: run "
+                "`autogen db upgrade --db URL` to share it on purpose"
+            )
+        return  # a new database, or one shared with other tools on purpose
     revision = stamped_revision(connection) if VERSION_TABLE in tables else None
     if revision is None:
         raise ForeignDatabaseError(
@@ -135,10 +147,46 @@ def _missing_from_head(inspector) -> list[str]:
     return missing
 
 
-def check_sqlite_file(path: Path) -> None:
+def connect_sqlite_readonly(path: Path) -> sqlite3.Connection:
+    """A connection that cannot change ``path`` nor create anything beside it.
+
+    Opened with ``mode=ro``. SQLite would still create ``-wal`` and ``-shm`` files beside a WAL
+    database whose ``-wal`` is absent (and fail to open it in a folder it cannot write), so such a
+    file, whose content is then entirely in the main file, is opened ``immutable``; readers
+    re-read when the file changed meanwhile (see TuningDB). Anything else that cannot be opened
+    read-only (a ``-wal`` without its ``-shm`` in a read-only folder) is opened immutable too,
+    reading the main file as it is.
+    """
+    base = f"file:{quote(str(path.resolve()))}?mode=ro"
+    wal = path.with_name(path.name + "-wal")
+    if is_wal_file(path) and not wal.exists():
+        return sqlite3.connect(base + "&immutable=1", uri=True, check_same_thread=False)
+    connection = sqlite3.connect(base, uri=True, check_same_thread=False)
+    try:
+        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opening is lazy
+    except sqlite3.OperationalError as exc:
+        connection.close()
+        if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
+            raise
+        return sqlite3.connect(base + "&immutable=1", uri=True, check_same_thread=False)
+    return connection
+
+
+def is_wal_file(path: Path) -> bool:
+    """Whether the SQLite header of ``path`` says WAL (file format versions, bytes 18 and 19)."""
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(20)
+    except OSError:
+        return False
+    return len(header) == 20 and header[:16] == SQLITE_HEADER and header[18] == 2
+
+
+def check_sqlite_file(path: Path, adopt: bool = False) -> None:
     """Raise ForeignDatabaseError unless ``path`` is missing, empty, or a readable SQLite file
-    whose autogen tables are autogen's. Opens the file read-only: a normal connection would
-    already write to it (switching it to WAL)."""
+    whose autogen tables are autogen's (and, unless ``adopt``, that holds some autogen table or
+    no table at all). Opens the file read-only: a normal connection would already write to it
+    (switching it to WAL)."""
     try:
         with path.open("rb") as handle:
             header = handle.read(len(SQLITE_HEADER))
@@ -150,13 +198,12 @@ def check_sqlite_file(path: Path) -> None:
         return  # SQLite treats an empty file as an empty database
     if header != SQLITE_HEADER:
         raise ForeignDatabaseError(f"it is not a SQLite file (it starts with {header!r})")
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
     reader = create_engine(
-        "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=NullPool
+        "sqlite://", creator=lambda: connect_sqlite_readonly(path), poolclass=NullPool
     )
     try:
         with reader.connect() as connection:
-            check_ownership(connection)
+            check_ownership(connection, adopt)
     except sa_exc.DBAPIError as exc:
         if not getattr(exc.orig, "sqlite_errorname", "").startswith(SQLITE_CORRUPTION):
             raise  # e.g. locked: a problem of the moment, not of the file
