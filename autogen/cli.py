@@ -90,7 +90,7 @@ def build_parser(family=None) -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="write the tuned kernels as standalone CUDA C++ with build files")
     export.add_argument("family", help=f"kernel family: {_family_names()}")
-    export.add_argument("--out", type=Path, required=True, metavar="DIR",
+    export.add_argument("--out", required=True, metavar="DIR",
                         help="folder to write into (created if missing; fixed file names, never outside it)")
     export.add_argument("--gpu", help="export the winners of this GPU name (default: this machine's GPU, "
                                       "else the only one stored)")

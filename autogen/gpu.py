@@ -21,10 +21,20 @@ def require_cupy():
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # no driver, or the driver finds no device
-        raise GpuUnavailableError(f"no CUDA GPU available: {_first_line(exc)}") from None
+        raise GpuUnavailableError(_no_gpu_message(exc)) from None
     if count < 1:
-        raise GpuUnavailableError("no CUDA GPU available: the driver reports 0 devices")
+        raise GpuUnavailableError("no NVIDIA GPU or driver found: the driver reports 0 devices")
     return cupy
+
+
+def _no_gpu_message(exc: BaseException) -> str:
+    """Name the cause: without a GPU the CUDA runtime says "CUDA driver version is insufficient"
+    (no libcuda at all) or "no CUDA-capable device", neither of which says what is missing."""
+    text = _first_line(exc)
+    if any(marker in text for marker in ("InsufficientDriver", "insufficient", "NoDevice", "no CUDA-capable",
+                                         "libcuda", "cudaErrorInitializationError")):
+        return f"no NVIDIA GPU or driver found (CUDA said: {text}); GPU commands need one"
+    return f"no usable NVIDIA GPU: {text}"
 
 
 @functools.lru_cache(maxsize=None)
