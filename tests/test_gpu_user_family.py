@@ -28,7 +28,7 @@ def cli(*args, db_url):
                           env=env, timeout=600)
 
 
-def test_tune_validate_dispatch_and_export_a_user_family(tmp_path, db_url):
+def test_tune_validate_dispatch_and_export_a_user_family(tmp_path, db_url, monkeypatch):
     import cupy
 
     import autogen
@@ -58,9 +58,9 @@ def test_tune_validate_dispatch_and_export_a_user_family(tmp_path, db_url):
             assert check.ok, f"{name} at n={n}: {check.reason}"
 
     # The dispatcher serves the tuned kernel, and the nearest one for an untuned length.
-    os.environ["AUTOGEN_DB"] = db_url
+    monkeypatch.setenv("AUTOGEN_DB", db_url)
     from autogen import dispatch
-    dispatch._default_dispatcher = None
+    monkeypatch.setattr(dispatch, "_default_dispatcher", None)
     x = cupy.random.random(1000003, dtype=cupy.float32)
     y = cupy.random.random(1000003, dtype=cupy.float32)
     out = autogen.call("mykernels.axpy", x, y, alpha=2.0)
