@@ -95,7 +95,7 @@ class Dispatcher:
         family = get_family(problem.family)
         device = device_identity()
         for served_by, winner in self._candidates(family, problem, device, strict):
-            config = family.space.check(winner.trial.params) if winner else family.default_config()
+            config = family.space.check(winner.trial.params) if winner else family.default_config(problem)
             kernel = self._compile(family, problem, config, served_by, winner, device)
             if served_by == "exact" or self._validated(family, problem, config, kernel, device):
                 return kernel

@@ -96,6 +96,7 @@ class Family:
     template: str  # the kernel template's file name, beside the module or in templates/
     selftest_template: str | None = None  # `autogen export --self-test` hook (see export/selftest.cu.j2)
     dims: tuple[str, ...]  # integer dimensions in order, e.g. ("m", "n")
+    dim_defaults: Mapping[str, int] = {}  # dimensions a caller may leave out, e.g. {"batch": 1}
     traits: tuple[Trait, ...] = ()  # categorical problem attributes, after the dims in the key
     dtypes: tuple[str, ...]  # supported dtype names (autogen.dtypes.DTYPES), the first the default
     space: Space
@@ -139,6 +140,7 @@ class Family:
         if dtype not in self.dtypes:
             raise UsageError(f"{self.name} supports dtype {', '.join(self.dtypes)}, not {dtype!r}")
         names = self.dims + tuple(t.name for t in self.traits)
+        dims = {**self.dim_defaults, **dims}
         missing = [d for d in self.dims if d not in dims]
         extra = [d for d in dims if d not in names]
         if missing or extra:
@@ -170,7 +172,9 @@ class Family:
         may differ per dtype)."""
         return self.tolerance
 
-    def default_config(self) -> Config:
+    def default_config(self, problem: Problem | None = None) -> Config:
+        """The config served where nothing is tuned; a family may pick it per problem (e.g. a
+        batch tile that covers the batch)."""
         return self.space.check(self.default_params)
 
     def distance(self, a: Problem, b: Problem) -> float:

@@ -121,7 +121,7 @@ def problems_from_args(args, family) -> list[Problem]:
     given = {d: getattr(args, d) for d in family.dims if getattr(args, d, None) is not None}
     traits = {t.name: getattr(args, t.name) for t in family.traits if getattr(args, t.name, None) is not None}
     if given:
-        missing = [d for d in family.dims if d not in given]
+        missing = [d for d in family.dims if d not in given and d not in family.dim_defaults]
         if missing:
             raise UsageError(f"{family.name} needs {', '.join(dim_flag(d) for d in missing)}")
         lists = [v if isinstance(v, list) else [v] for v in given.values()]

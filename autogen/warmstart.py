@@ -35,7 +35,7 @@ def starting_point(db: TuningDB, device: DeviceIdentity, family: Family, problem
 def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem, warm_start: bool) -> list[dict]:
     """Tried first: the winners of the nearest tuned shapes on this GPU (nearest first), then the
     family's default, the baseline every search measures."""
-    default = [dict(family.default_params)]
+    default = [family.default_config(problem).as_dict()]
     if not warm_start:
         return default
     winners = db.winners(family=problem.family, gpu_name=device.name,

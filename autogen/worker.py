@@ -29,12 +29,18 @@ class WorkSpec:
     family: str
     dtype: str
     dims: tuple[tuple[str, int | str], ...]
-    family_module: str  # the module that registers the family: the child imports it to find it
     cache_mode: str = "cold"  # "cold": rotate input sets larger than 4x L2; "hot": one set
+    # The module that registers the family: the child imports it to find it. Filled in from
+    # the registry of the process that makes the spec when not given.
+    family_module: str = ""
+
+    def __post_init__(self):
+        if not self.family_module:
+            object.__setattr__(self, "family_module", get_family(self.family).module)
 
     @classmethod
     def of(cls, problem, cache_mode: str = "cold") -> "WorkSpec":
-        return cls(problem.family, problem.dtype, problem.dims, get_family(problem.family).module, cache_mode)
+        return cls(problem.family, problem.dtype, problem.dims, cache_mode)
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ def _replayed_peer(family, problem, case):
     expected = family.reference(problem, inputs, cupy)
     timing = time_enqueue(cupy, lambda _i: peer.run(inputs), 1, replays=3)
     assert timing.median_us > 0
-    return relative_error(cupy, inputs[family.output], expected)
+    return relative_error(cupy, inputs[family.outputs[0]], expected)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
