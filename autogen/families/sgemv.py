@@ -26,6 +26,24 @@ def _reduce_only_across_warps(p) -> str | None:
     return None
 
 
+def rows_per_block(params) -> int:
+    """Rows one block computes: 32 * warps_per_block / threads_per_row row groups of
+    rows_per_group rows each (shared by the GEMV families: sgemv, hgemv)."""
+    return 32 * params["warps_per_block"] // params["threads_per_row"] * params["rows_per_group"]
+
+
+def overshoot_reason(n: int, threads_per_row: int, width: int, unroll: int, width_name: str) -> str | None:
+    """Why a row group of threads_per_row lanes loading `width` elements each (`unroll` loads in
+    flight) is not worth timing on rows of n elements (shared by the GEMV families), or None."""
+    # A row group whose single load step covers over twice the row leaves most lanes idle.
+    step = threads_per_row * width
+    if step > 2 * max(n, 32):
+        return f"threads_per_row*{width_name}={step} spans over twice n={n}"
+    if unroll > 1 and step * unroll > 2 * max(n, 32):
+        return f"unroll={unroll} reaches past n={n} on the first step"
+    return None
+
+
 SPACE = Space(
     params=(
         Param("threads_per_row", (1, 2, 4, 8, 16, 32, 64, 128, 256), "tpr",
@@ -58,21 +76,15 @@ class Sgemv(Family):
     description = "y = alpha * A x + beta * y, fp32, A row-major m x n"
 
     def rows_per_block(self, config: Config) -> int:
-        return 32 * config["warps_per_block"] // config["threads_per_row"] * config["rows_per_group"]
+        return rows_per_block(config)
 
     def launch(self, problem: Problem, config: Config) -> Launch:
         rows = self.rows_per_block(config)
         return Launch(grid=(-(-problem["m"] // rows), 1, 1), block=(32 * config["warps_per_block"], 1, 1))
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
-        # A row group whose single load step covers over twice the row leaves most lanes idle.
-        step = config["threads_per_row"] * config["vector_width"]
-        if step > 2 * max(problem["n"], 32):
-            return f"threads_per_row*vector_width={step} spans over twice n={problem['n']}"
-        chunk = step * config["unroll"]
-        if config["unroll"] > 1 and chunk > 2 * max(problem["n"], 32):
-            return f"unroll={config['unroll']} reaches past n={problem['n']} on the first step"
-        return None
+        return overshoot_reason(problem["n"], config["threads_per_row"], config["vector_width"],
+                                config["unroll"], "vector_width")
 
     def validation_cases(self, problem: Problem) -> list[dict]:
         # beta = 0 with y poisoned: every row written and y never read. beta != 0: y honoured.

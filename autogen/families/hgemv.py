@@ -1,0 +1,320 @@
+"""HGEMV: y = alpha * A x + beta * y for LLM decode. A (m x n) row-major in float16 or bfloat16,
+x holding `batch` vectors (n x batch row-major, or a vector of n when batch = 1), fp32
+accumulation, y (m x batch, or m) in A's dtype. Template: templates/hgemv.cu.j2.
+
+The geometry (row groups of threads_per_row lanes, rows_per_group rows each, warps_per_block
+warps) and the pruning of row groups that overshoot short rows are sgemv's, imported from there.
+A launch computes `batch_tile` vectors from one read of the weights (each weight a thread loads
+feeds batch_tile dot products from its registers); a batch larger than the tile takes
+ceil(batch / batch_tile) launches, so every batch >= 1 is served, and the search only times the
+tile that covers the batch in one launch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..dtypes import DTYPES, to_float64, to_storage
+from ..errors import ArgumentError
+from ..problem import Config, Problem
+from ..space import Param, Space
+from ..family import Family, Launch, Peer, Step, device_array, dtype_name, new_output, random_uniform, register
+from .sgemv import _reduce_only_across_warps, _row_fits_block, overshoot_reason, rows_per_block
+
+MAX_TILE = 8  # the largest batch_tile: LLM decode batches of 1 to 8 take one launch
+
+# Relative L2 error allowed, against the float64 product of the values the kernel reads (the
+# inputs as stored), relative to ||reference_magnitude|| = || |y| + GUARD * (|alpha| |A| |x| +
+# |beta| |y_in|) ||. With fp32 accumulation the error is the final rounding of y to the dtype:
+# at most 2^-11 (fp16, 11 significant bits) or 2^-8 (bf16, 8 significant bits) of each element, so at
+# most that relative to ||y|| even if every element rounds its worst; the fp32 sums add
+# ~6e-8 * sqrt(n) of the sum of |terms|. Each tolerance is twice the rounding bound: a dropped,
+# doubled or misplaced pack moves the result by far more, and half-precision accumulation either
+# overflows (the "large" case) or errs by many roundings.
+TOLERANCES = {"float16": 1e-3, "bfloat16": 8e-3}
+# The denominator is ||y|| itself, not the sum of |terms| as sgemv's: with n = 4096 that sum is
+# ~50x larger than a random-sign dot product, and would hide a dropped pack of 8 columns. The small
+# GUARD share of it only matters where y cancels to almost nothing (tiny n): there it bounds the
+# fp32 rounding (6e-8 of the terms) and fp16's subnormal spacing at well under the tolerance.
+GUARD = 2.0**-12
+
+# The "large" case: A and x uniform in [LARGE_LOW, LARGE_HIGH), all positive, so a single
+# product fits fp16 (240^2 = 57600 < 65504) but any four summed do not (4 * 128^2 = 65536): a
+# kernel accumulating in half precision returns inf once n >= 4. alpha = 2^-ceil(log2 n) keeps
+# y = alpha * sum below 57600, finite in fp16, and scales exactly.
+LARGE_LOW, LARGE_HIGH = 128.0, 240.0
+
+X_TILE_BYTES = 32 * 1024  # x_path=smem stages tpr*pw*u columns x batch_tile floats; at most this
+
+
+def _x_tile_fits(p) -> str | None:
+    columns = p["threads_per_row"] * p["pack_width"] * p["unroll"]
+    if p["x_path"] == "smem" and 4 * columns * p["batch_tile"] > X_TILE_BYTES:
+        return (f"x_path=smem stages {columns} columns x batch_tile={p['batch_tile']} floats, over "
+                f"{X_TILE_BYTES // 1024} KiB of shared memory")
+    return None
+
+
+def _values_fit_registers(p) -> str | None:
+    # Weights in flight per thread (rows_per_group * unroll packs) and accumulators
+    # (rows_per_group * batch_tile) must leave room for a pack's x values (pack_width *
+    # batch_tile floats): bounds checked with nvcc -Xptxas -v on the extreme configs (no spills).
+    in_flight = p["rows_per_group"] * p["unroll"] * p["pack_width"]
+    if in_flight > 32:
+        return f"rows_per_group*unroll*pack_width={in_flight} weights in flight per thread exceeds 32"
+    if p["rows_per_group"] * p["batch_tile"] > 16:
+        return f"rows_per_group*batch_tile={p['rows_per_group'] * p['batch_tile']} accumulators exceeds 16"
+    return None
+
+
+SPACE = Space(
+    params=(
+        Param("threads_per_row", (4, 8, 16, 32, 64, 128, 256), "tpr",
+              "threads cooperating on one row: <32 packs several rows in a warp, >32 spans warps"),
+        Param("pack_width", (2, 4, 8), "pw",
+              "halves per load of A: 2 (32-bit, half2), 4 (64-bit) or 8 (128-bit accesses)"),
+        Param("warps_per_block", (1, 2, 4, 8), "wpb",
+              "block size in warps; rows per block = 32 * wpb / tpr * rpg"),
+        Param("rows_per_group", (1, 2, 4), "rpg", "rows each thread group computes, sharing each x load"),
+        Param("unroll", (1, 2, 4), "u", "packs of A in flight per thread and row"),
+        Param("x_path", ("ldg", "smem"), "x",
+              "x through the read-only cache (converted per use), or staged in shared memory as fp32 once per block"),
+        Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
+        Param("batch_tile", (1, 2, 4, 8), "bt",
+              "vectors per launch: each loaded weight feeds batch_tile dot products from registers"),
+    ),
+    constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _values_fit_registers),
+)
+
+
+def batch_tile_for(batch: int) -> int:
+    """The tile the search times for a batch: the smallest power of two covering it (at most 8),
+    so that a batch of up to 8 vectors reads the weights once."""
+    return min(MAX_TILE, 1 << max(0, batch - 1).bit_length())
+
+
+@register
+class Hgemv(Family):
+    name = "hgemv"
+    template = "hgemv.cu.j2"
+    selftest_template = "export/selftest_hgemv.cu.j2"
+    api = "hgemv"
+    dims = ("m", "n", "batch")
+    dim_defaults = {"batch": 1}  # problem() fills it in; the CLI needs the same (see the report)
+    dtypes = ("float16", "bfloat16")
+    space = SPACE
+    default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
+                      "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1}
+    outputs = ("y",)
+    # A, x and y hold __half (f16 variants) or __nv_bfloat16 (bf16 variants) as the kernel name's
+    # dtype tag says; `void*` keeps one signature for both dtypes.
+    c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"
+    tolerance = TOLERANCES["float16"]
+    description = ("y = alpha * A x + beta * y, A row-major m x n in fp16 or bf16, x n x batch, "
+                   "fp32 accumulation, y m x batch in A's dtype")
+
+    def problem(self, dtype: str | None = None, **dims) -> Problem:
+        for name, value in self.dim_defaults.items():
+            dims.setdefault(name, value)
+        return super().problem(dtype, **dims)
+
+    def tolerance_for(self, problem: Problem) -> float:
+        return TOLERANCES[problem.dtype]
+
+    def entry_symbol(self, dtype: str) -> str:
+        """The exported entry point of a dtype: autogen_hgemv_f16, autogen_hgemv_bf16 (the core
+        names the first dtype's autogen_hgemv today; see the report)."""
+        return f"autogen_{self.symbol}_{DTYPES[dtype].tag}"
+
+    # --- geometry -------------------------------------------------------------------------
+    def rows_per_block(self, config: Config) -> int:
+        return rows_per_block(config)
+
+    def launch(self, problem: Problem, config: Config) -> Launch:
+        rows = self.rows_per_block(config)
+        return Launch(grid=(-(-problem["m"] // rows), 1, 1), block=(32 * config["warps_per_block"], 1, 1))
+
+    def tiles(self, problem: Problem, config: Config) -> list[int]:
+        """The first vector of each launch."""
+        return list(range(0, problem["batch"], config["batch_tile"]))
+
+    def plan(self, problem: Problem, config: Config) -> list[Step]:
+        # Shape arguments are built once per plan, not on every dispatched call.
+        launch = self.launch(problem, config)
+        m, n, batch = np.int32(problem["m"]), np.int32(problem["n"]), np.int32(problem["batch"])
+
+        def step(j0: np.int32) -> Step:
+            return Step("", launch, lambda inputs: (inputs["A"], inputs["x"], inputs["y"], m, n, batch, j0,
+                                                    np.float32(inputs["alpha"]), np.float32(inputs["beta"])))
+
+        return [step(np.int32(j0)) for j0 in self.tiles(problem, config)]
+
+    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
+        """The arguments of the first launch (vectors from 0)."""
+        return (inputs["A"], inputs["x"], inputs["y"], np.int32(problem["m"]), np.int32(problem["n"]),
+                np.int32(problem["batch"]), np.int32(0), np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
+
+    def reject_reason(self, problem: Problem, config: Config) -> str | None:
+        reason = overshoot_reason(problem["n"], config["threads_per_row"], config["pack_width"],
+                                  config["unroll"], "pack_width")
+        if reason:
+            return reason
+        wanted = batch_tile_for(problem["batch"])
+        if config["batch_tile"] != wanted:
+            return (f"batch_tile={config['batch_tile']} for batch={problem['batch']}: batch_tile={wanted} "
+                    + ("reads the weights once" if problem["batch"] <= MAX_TILE else "reads them fewest times")
+                    + (" with fewer idle accumulators" if config["batch_tile"] > wanted else ""))
+        return None
+
+    # --- data -----------------------------------------------------------------------------
+    def validation_cases(self, problem: Problem) -> list[dict]:
+        # beta = 0 with y poisoned: every output written and y never read. beta != 0: y honoured.
+        # large: half-precision accumulation would overflow (see LARGE_LOW).
+        large_alpha = 2.0 ** -math.ceil(math.log2(problem["n"]))
+        return [{"alpha": 1.5, "beta": 0.0, "values": "uniform"},
+                {"alpha": -0.75, "beta": 1.25, "values": "uniform"},
+                {"alpha": large_alpha, "beta": 0.0, "values": "large"}]
+
+    def timing_case(self, problem: Problem) -> dict:
+        return {"alpha": 1.0, "beta": 0.0, "values": "uniform"}
+
+    def shapes(self, problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The shapes of A, x and y: x and y are vectors when batch = 1."""
+        m, n, b = problem["m"], problem["n"], problem["batch"]
+        return (m, n), ((n,) if b == 1 else (n, b)), ((m,) if b == 1 else (m, b))
+
+    def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
+        dtype = problem.dtype
+        a_shape, x_shape, y_shape = self.shapes(problem)
+        if case.get("values") == "large":
+            def values(shape):
+                span = xp.float32(LARGE_HIGH - LARGE_LOW)
+                return to_storage(xp, rng.random(shape, dtype=xp.float32) * span + xp.float32(LARGE_LOW), dtype)
+            A, x = values(a_shape), values(x_shape)
+        else:
+            A, x = random_uniform(xp, rng, a_shape, dtype), random_uniform(xp, rng, x_shape, dtype)
+        if case["beta"] == 0.0:
+            y = to_storage(xp, xp.full(y_shape, xp.nan, dtype=xp.float32), dtype)
+        else:
+            y = random_uniform(xp, rng, y_shape, dtype)
+        return {"A": A, "x": x, "y": y, "alpha": case["alpha"], "beta": case["beta"]}
+
+    def _float64(self, problem: Problem, inputs: dict, xp):
+        return tuple(to_float64(xp, inputs[k], problem.dtype) for k in ("A", "x", "y"))
+
+    def reference(self, problem: Problem, inputs: dict, xp=np):
+        # The values the kernel reads (the inputs as stored), multiplied in float64.
+        A, x, y = self._float64(problem, inputs, xp)
+        result = inputs["alpha"] * (A @ x)
+        if inputs["beta"] != 0.0:
+            result += inputs["beta"] * y
+        return result
+
+    def reference_magnitude(self, problem: Problem, inputs: dict, xp=np):
+        A, x, y = self._float64(problem, inputs, xp)
+        terms = abs(inputs["alpha"]) * (xp.abs(A) @ xp.abs(x))
+        result = inputs["alpha"] * (A @ x)
+        if inputs["beta"] != 0.0:
+            terms += abs(inputs["beta"]) * xp.abs(y)
+            result += inputs["beta"] * y
+        return xp.abs(result) + GUARD * terms
+
+    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
+        m, n, b = problem["m"], problem["n"], problem["batch"]
+        reads_y = case is not None and case.get("beta", 0.0) != 0.0
+        return 2 * (m * n + n * b + m * b + (m * b if reads_y else 0))
+
+    def weight_bytes(self, problem: Problem) -> int:
+        """The bytes of A alone: the decode floor the issue measures against."""
+        return 2 * problem["m"] * problem["n"]
+
+    def flops(self, problem: Problem) -> int:
+        return 2 * problem["m"] * problem["n"] * problem["batch"]
+
+    def peer(self, problem: Problem) -> Peer | None:
+        """torch.mv (batch = 1) or torch.matmul (cuBLAS) on the same dtype, on CuPy's capturing
+        stream, writing into the inputs' own y through out= (no allocation inside capture). The
+        out= form is checked, and cuBLAS's handle and kernels loaded for this shape, outside
+        capture first. Timed on the timing case (alpha = 1, beta = 0), as sgemv's peer."""
+        from ..peers import torch_cuda, torch_stream_peer
+        torch = torch_cuda()
+        if torch is None:
+            return None
+        name, product_into = _torch_product_out(torch, problem)
+        dtype = problem.dtype
+        return torch_stream_peer(name, {"A": dtype, "x": dtype, "y": dtype},
+                                 lambda t: product_into(t["A"], t["x"], t["y"]))
+
+    # --- calls from Python (the dispatcher) -------------------------------------------------
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict):
+        """autogen.hgemv(A, x, alpha=1.0, beta=0.0, y=None) -> y. A (m, n) float16 or bfloat16,
+        C-contiguous; x (n,) or (n, batch) of the same dtype; y (m,) or (m, batch), allocated in
+        A's kind (CuPy or torch) when not given. fp32 accumulation."""
+        A, x, alpha, beta, y = _hgemv_arguments(*args, **kwargs)
+        a = device_array(cupy, A, "A", self.dtypes, 2, device)
+        dtype = dtype_name(a)
+        m, n = a.shape
+        same = (dtype,)
+        xv = device_array(cupy, x, "x", same, _rank(x), device)
+        if xv.shape[0] != n:
+            raise ArgumentError(f"x has {xv.shape[0]} rows, but A has {n} columns")
+        out_shape = (m,) + xv.shape[1:]
+        if y is None:
+            if beta != 0.0:
+                raise ArgumentError("beta != 0 needs y: it scales the y that is given")
+            y = new_output(cupy, A, out_shape, dtype)
+        yv = device_array(cupy, y, "y", same, xv.ndim, device)
+        if yv.shape != out_shape:
+            raise ArgumentError(f"y has shape {yv.shape}, but A x has {out_shape}")
+        batch = xv.shape[1] if xv.ndim == 2 else 1
+        inputs = {"A": a, "x": xv, "y": yv, "alpha": alpha, "beta": beta}
+        return self._problem_of(dtype, m, n, batch), inputs, y
+
+    @functools.lru_cache(maxsize=1024)
+    def _problem_of(self, dtype: str, m: int, n: int, batch: int) -> Problem:
+        # Cached: the hot path of a dispatched call should not re-validate the same shape.
+        return self.problem(dtype, m=m, n=n, batch=batch)
+
+
+def _rank(obj) -> int:
+    """The rank of x before conversion: a vector or an n x batch matrix (device_array checks
+    what it finds against it)."""
+    ndim = getattr(obj, "ndim", None)
+    if ndim is None and hasattr(obj, "__cuda_array_interface__"):
+        ndim = len(obj.__cuda_array_interface__["shape"])
+    if ndim is not None and ndim not in (1, 2):
+        raise ArgumentError(f"x must be 1-dimensional (n) or 2-dimensional (n x batch), got {ndim} dimensions")
+    return 1 if ndim is None else ndim
+
+
+def _hgemv_arguments(A, x, alpha=1.0, beta=0.0, y=None):
+    return A, x, alpha, beta, y
+
+
+def _torch_product_out(torch, problem: Problem):
+    """(name, call(A, x, y)) writing A x into y with torch's out= form, checked on a sample of
+    the problem's shape outside capture (which also loads cuBLAS's kernels for it)."""
+    m, n, b = problem["m"], problem["n"], problem["batch"]
+    dtype = getattr(torch, DTYPES[problem.dtype].torch_name)
+    if b == 1:
+        name, call = "torch.mv", (lambda A, x, y: torch.mv(A, x, out=y))
+    else:
+        name, call = "torch.matmul", (lambda A, x, y: torch.matmul(A, x, out=y))
+    A = torch.rand((m, n), dtype=dtype, device="cuda") - 0.5
+    x = torch.rand((n,) if b == 1 else (n, b), dtype=dtype, device="cuda") - 0.5
+    y = torch.full((m,) if b == 1 else (m, b), float("nan"), dtype=dtype, device="cuda")
+    try:
+        call(A, x, y)
+        torch.cuda.synchronize()
+    except (TypeError, RuntimeError) as exc:
+        raise RuntimeError(f"torch offers no {name} with out= for {problem}: {exc}") from None
+    rows = min(m, 256)
+    want = A[:rows].double() @ x.double()
+    scale = A[:rows].double().abs() @ x.double().abs()
+    error = float((y[:rows].double() - want).norm() / scale.norm())
+    if not error <= TOLERANCES[problem.dtype]:
+        raise RuntimeError(f"{name}(out=) gave a relative error {error:.3g} on {problem}")
+    return name, call

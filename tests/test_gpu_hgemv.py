@@ -1,0 +1,249 @@
+"""hgemv on a real GPU: a sample of variants holding every choice of every parameter validates on
+tail shapes (every batch tile against every batch kind) and on misaligned operands, for fp16 and
+bf16; the validation catches a kernel that accumulates in half precision; autogen.hgemv with CuPy
+and torch operands; the torch peer inside graph capture; a short tune and the exported self-test."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+
+import pytest
+
+from autogen.compile import compile_many
+from autogen.family import get_family
+from autogen.render import render
+
+pytestmark = pytest.mark.gpu
+
+FAMILY = get_family("hgemv")
+DTYPES = ("float16", "bfloat16")
+# (m, n, batch): tails on every edge, n not a multiple of any pack, batches below, at and above
+# each tile (9: two launches of 8), rows not a multiple of rows per block.
+SHAPES = [(1, 1, 1), (3, 5, 3), (1000, 37, 4), (37, 1000, 8), (513, 4104, 1), (130, 4104, 2), (5, 16, 9)]
+SAMPLE = 40  # random variants per dtype on top of those covering every choice
+
+
+def sample_configs() -> list:
+    """The default, a config for every choice of every parameter, and a random sample."""
+    configs = list(FAMILY.space.enumerate())
+    chosen = {FAMILY.default_config()}
+    for param in FAMILY.space.params:
+        for choice in param.choices:
+            chosen.add(next(c for c in configs if c[param.name] == choice))
+    chosen.update(random.Random(7).sample(configs, SAMPLE))
+    return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
+
+
+@pytest.fixture(scope="module")
+def cubins():
+    from autogen.gpu import device_identity
+
+    sources = {(dtype, c): render(FAMILY, dtype, c) for dtype in DTYPES for c in sample_configs()}
+    names = {FAMILY.kernel_name(dtype, c): (dtype, c) for dtype, c in sources}
+    built = compile_many({FAMILY.kernel_name(d, c): s for (d, c), s in sources.items()}, device_identity().arch)
+    return {names[name]: cubin for name, cubin in built.items()}
+
+
+def _rng():
+    import secrets
+
+    import cupy
+    return cupy.random.default_rng(secrets.randbits(63))
+
+
+def test_sample_compiles_with_nvrtc(cubins):
+    failures = {f"{d} {c}": str(b) for (d, c), b in cubins.items() if not isinstance(b, bytes)}
+    assert not failures
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,batch", SHAPES)
+def test_sampled_variants_validate(cubins, dtype, m, n, batch):
+    from autogen.worker import Evaluator, WorkSpec
+
+    evaluator = Evaluator(WorkSpec.of(FAMILY.problem(dtype, m=m, n=n, batch=batch)))
+    failures = []
+    for (d, config), cubin in cubins.items():
+        if d != dtype:
+            continue
+        check = evaluator.check(FAMILY.kernel_name(dtype, config), cubin, config.as_dict())
+        if not check.ok:
+            failures.append(f"{FAMILY.kernel_name(dtype, config)}: {check.reason}")
+    assert not failures, f"{len(failures)} variants failed on {m}x{n}x{batch}:\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_operands_take_the_scalar_paths(cubins, dtype):
+    """A, x and y one element past an aligned address (views into larger buffers): every
+    variant must fall back to element accesses and still be right."""
+    import cupy
+
+    from autogen.measure import validate
+
+    problem = FAMILY.problem(dtype, m=67, n=264, batch=4)
+    failures = []
+    for (d, config), cubin in cubins.items():
+        if d != dtype:
+            continue
+        module = cupy.cuda.function.Module()
+        module.load(cubin)
+        function = module.get_function(FAMILY.kernel_name(dtype, config))
+        steps = FAMILY.plan(problem, config)
+
+        def launch(inputs, function=function, steps=steps):
+            shifted = dict(inputs)
+            for key in ("A", "x", "y"):
+                flat = cupy.empty(inputs[key].size + 1, dtype=inputs[key].dtype)
+                flat[1:] = inputs[key].ravel()
+                shifted[key] = flat[1:].reshape(inputs[key].shape)
+            for step in steps:
+                function(step.launch.grid, step.launch.block, step.args(shifted))
+            inputs["y"][...] = shifted["y"]
+
+        check = validate(FAMILY, problem, launch, cupy, _rng())
+        if not check.ok:
+            failures.append(f"{FAMILY.kernel_name(dtype, config)}: {check.reason}")
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_validation_catches_half_precision_accumulation():
+    """The same kernel summing in fp16 (each product and partial sum rounded to half) fails
+    validation, and the large case alone catches it with inf."""
+    import cupy
+
+    from autogen.compile import compile_cubin
+    from autogen.gpu import device_identity
+    from autogen.worker import Evaluator, WorkSpec
+
+    config = FAMILY.default_config()
+    name = FAMILY.kernel_name("float16", config)
+    source = render(FAMILY, "float16", config)
+    fma = "acc[r][j] = fmaf(a, xf[k * BT + j], acc[r][j]);"
+    assert source.count(fma) == 1
+    broken = source.replace(fma, "acc[r][j] = to_float(from_float(acc[r][j] + to_float(from_float(a * xf[k * BT + j]))));")
+    cubin = compile_cubin(broken, device_identity().arch)
+    problem = FAMILY.problem("float16", m=256, n=4096)
+    assert not Evaluator(WorkSpec.of(problem)).check(name, cubin, config.as_dict()).ok
+    module = cupy.cuda.function.Module()
+    module.load(cubin)
+    function = module.get_function(name)
+    large = FAMILY.validation_cases(problem)[2]
+    assert large["values"] == "large"
+    inputs = FAMILY.make_inputs(problem, cupy, _rng(), large)
+    expected = FAMILY.reference(problem, inputs, cupy)
+    for step in FAMILY.plan(problem, config):
+        function(step.launch.grid, step.launch.block, step.args(inputs))
+    error, reason = FAMILY.compare(problem, inputs, expected, FAMILY.reference_magnitude(problem, inputs, cupy), cupy)
+    assert "NaN/inf" in reason
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_torch_peer_is_right_inside_graph_capture(dtype, batch):
+    import cupy
+
+    from autogen.measure import time_enqueue
+
+    problem = FAMILY.problem(dtype, m=1000, n=4104, batch=batch)
+    peer = FAMILY.peer(problem)
+    if peer is None:
+        pytest.skip("PyTorch with CUDA is not importable here: hgemv has no peer")
+    case = FAMILY.timing_case(problem)
+    inputs = FAMILY.make_inputs(problem, cupy, _rng(), case)
+    expected = FAMILY.reference(problem, inputs, cupy)
+    assert time_enqueue(cupy, lambda _i: peer.run(inputs), 1, replays=3).median_us > 0
+    error, reason = FAMILY.compare(problem, inputs, expected, FAMILY.reference_magnitude(problem, inputs, cupy), cupy)
+    assert not reason and error <= FAMILY.tolerance_for(problem)
+
+
+@pytest.fixture
+def dispatcher(db_url, monkeypatch):
+    from autogen import dispatch
+    from autogen.dispatch import Dispatcher
+
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    served = Dispatcher(db_url)
+    monkeypatch.setattr(dispatch, "_default_dispatcher", served)
+    return served
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_autogen_hgemv_with_cupy_and_torch(dispatcher, dtype):
+    import cupy
+    import numpy as np
+
+    import autogen
+    from autogen.dtypes import to_float64, to_storage
+
+    rng = np.random.default_rng(5)
+    for batch in (1, 3, 8):
+        m, n = 300, 520
+        a64 = rng.random((m, n)) - 0.5
+        x64 = rng.random((n,) if batch == 1 else (n, batch)) - 0.5
+        A = cupy.asarray(to_storage(np, a64.astype(np.float32), dtype))
+        x = cupy.asarray(to_storage(np, x64.astype(np.float32), dtype))
+        want = to_float64(np, cupy.asnumpy(A), dtype) @ to_float64(np, cupy.asnumpy(x), dtype)
+        y = autogen.hgemv(A, x)
+        assert y.shape == want.shape and y.dtype == A.dtype
+        got = to_float64(np, cupy.asnumpy(y), dtype)
+        assert np.linalg.norm(got - want) <= FAMILY.tolerance_for(FAMILY.problem(dtype, m=1, n=1)) * np.linalg.norm(want)
+        # alpha and beta with a given y.
+        y2 = cupy.asarray(to_storage(np, (rng.random(want.shape) - 0.5).astype(np.float32), dtype))
+        before = to_float64(np, cupy.asnumpy(y2), dtype)
+        out = autogen.hgemv(A, x, alpha=2.0, beta=-0.5, y=y2)
+        assert out is y2
+        got = to_float64(np, cupy.asnumpy(y2), dtype)
+        want2 = 2.0 * want - 0.5 * before
+        assert np.linalg.norm(got - want2) <= 2 * FAMILY.tolerance_for(FAMILY.problem(dtype, m=1, n=1)) * np.linalg.norm(want2)
+    try:
+        import torch
+    except ImportError:
+        return
+    tdtype = getattr(torch, dtype)
+    At = torch.rand((256, 1000), device="cuda", dtype=tdtype) - 0.5
+    for xt in (torch.rand(1000, device="cuda", dtype=tdtype) - 0.5, torch.rand((1000, 4), device="cuda", dtype=tdtype) - 0.5):
+        yt = autogen.hgemv(At, xt)
+        assert isinstance(yt, torch.Tensor) and yt.dtype == tdtype and yt.shape == (256,) + tuple(xt.shape[1:])
+        want = At.double() @ xt.double()
+        assert float((yt.double() - want).norm() / want.norm()) <= FAMILY.tolerance_for(FAMILY.problem(dtype, m=1, n=1))
+
+
+def test_bad_operands_name_the_argument(dispatcher):
+    import cupy
+
+    import autogen
+    from autogen.errors import ArgumentError
+
+    A = cupy.zeros((8, 16), dtype=cupy.float16)
+    with pytest.raises(ArgumentError, match="x has 15 rows"):
+        autogen.hgemv(A, cupy.zeros(15, dtype=cupy.float16))
+    with pytest.raises(ArgumentError, match="x must have dtype float16"):
+        autogen.hgemv(A, cupy.zeros(16, dtype=cupy.float32))
+    with pytest.raises(ArgumentError, match="A must have dtype"):
+        autogen.hgemv(cupy.zeros((8, 16), dtype=cupy.float32), cupy.zeros(16, dtype=cupy.float32))
+    with pytest.raises(ArgumentError, match="C-contiguous"):
+        autogen.hgemv(cupy.zeros((16, 8), dtype=cupy.float16).T, cupy.zeros(16, dtype=cupy.float16))
+    with pytest.raises(ArgumentError, match="beta != 0 needs y"):
+        autogen.hgemv(A, cupy.zeros(16, dtype=cupy.float16), beta=1.0)
+    with pytest.raises(ArgumentError, match="y has shape"):
+        autogen.hgemv(A, cupy.zeros((16, 2), dtype=cupy.float16), y=cupy.zeros((8, 3), dtype=cupy.float16))
+
+
+def test_short_tune_export_and_selftest(db_url, tmp_path):
+    from autogen.cli import main
+    from autogen.tuner import TuneOptions, tune
+
+    for dtype, batch in (("float16", 1), ("bfloat16", 4)):
+        result = tune(FAMILY.problem(dtype, m=1000, n=4104, batch=batch), TuneOptions(trials=6, db_url=db_url, workers=8))
+        assert result.winner is not None and result.winner.trial.error <= FAMILY.tolerance_for(result.problem)
+    if shutil.which("nvcc") is None or shutil.which("make") is None:
+        pytest.skip("needs nvcc and make on PATH")
+    out = tmp_path / "export"
+    assert main(["export", "hgemv", "--out", str(out), "--db", db_url, "--self-test"]) == 0
+    build = subprocess.run(["make", "-C", str(out), "selftest"], capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    done = subprocess.run([str(out / "autogen_hgemv_selftest")], capture_output=True, text=True, timeout=600)
+    print(done.stdout + done.stderr)
+    assert done.returncode == 0 and "autogen self-test: PASS" in done.stdout

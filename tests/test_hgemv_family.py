@@ -1,0 +1,498 @@
+"""The hgemv family on the CPU: space, naming, geometry and launches per batch, pruning, inputs,
+float64 reference, tolerances, and the export with its self-test hook (built with nvcc, its host
+side run on the CPU against the Python family)."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autogen.dtypes import to_float64, to_storage
+from autogen.errors import ArgumentError, UsageError
+from autogen.export import entry_symbol
+from autogen.family import get_family
+from autogen.families.hgemv import GUARD, TOLERANCES, _rank, batch_tile_for
+from autogen.render import render
+
+FAMILY = get_family("hgemv")
+CONFIGS = list(FAMILY.space.enumerate())
+DTYPES = ("float16", "bfloat16")
+
+
+def config(**params):
+    return FAMILY.space.check({**FAMILY.default_params, **params})
+
+
+# -- space, names, geometry ------------------------------------------------------------------------
+
+
+def test_space_size_and_every_issue_parameter():
+    assert len(CONFIGS) == 4752
+    names = set(FAMILY.space.names)
+    assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
+                     "reduce", "batch_tile"}
+    assert FAMILY.space.param("pack_width").choices == (2, 4, 8)  # half2, 64-bit and 128-bit accesses
+    assert {c["threads_per_row"] for c in CONFIGS} == {4, 8, 16, 32, 64, 128, 256}
+    assert FAMILY.dims == ("m", "n", "batch") and FAMILY.dtypes == DTYPES
+
+
+def test_constraints_bound_shared_memory_and_registers():
+    for c in CONFIGS:
+        columns = c["threads_per_row"] * c["pack_width"] * c["unroll"]
+        if c["x_path"] == "smem":
+            assert 4 * columns * c["batch_tile"] <= 32 * 1024
+        assert c["rows_per_group"] * c["unroll"] * c["pack_width"] <= 32
+        assert c["rows_per_group"] * c["batch_tile"] <= 16
+        assert c["threads_per_row"] <= 32 * c["warps_per_block"]
+        assert c["reduce"] == "shfl" or c["threads_per_row"] > 32
+        # Static shared memory of the variant (x tile, reduction arrays) stays under 48 KiB.
+        block = 32 * c["warps_per_block"]
+        tile = 4 * columns * c["batch_tile"] if c["x_path"] == "smem" else 0
+        partial = 4 * c["rows_per_group"] * c["batch_tile"] * (block if c["reduce"] == "smem" else c["warps_per_block"])
+        assert tile + partial <= 48 * 1024
+
+
+def test_procedural_name_spells_every_parameter():
+    c = config(threads_per_row=64, pack_width=4, warps_per_block=8, rows_per_group=2, unroll=1, x_path="smem",
+               reduce="smem", batch_tile=4)
+    assert FAMILY.kernel_name("bfloat16", c) == "hgemv_bf16_tpr64_pw4_wpb8_rpg2_u1_xsmem_rsmem_bt4"
+    assert FAMILY.kernel_name("float16", FAMILY.default_config()) == "hgemv_f16_tpr32_pw8_wpb4_rpg1_u2_xldg_rshfl_bt1"
+
+
+@pytest.mark.parametrize("m", [1, 3, 127, 128, 129, 4096, 128256])
+def test_launch_grid_covers_every_row(m):
+    problem = FAMILY.problem(m=m, n=4096)
+    for c in CONFIGS[::41]:
+        launch = FAMILY.launch(problem, c)
+        rows = 32 * c["warps_per_block"] // c["threads_per_row"] * c["rows_per_group"]
+        assert FAMILY.rows_per_block(c) == rows
+        assert launch.block == (32 * c["warps_per_block"], 1, 1)
+        assert (launch.grid[0] - 1) * rows < m <= launch.grid[0] * rows
+
+
+@pytest.mark.parametrize("batch, tile, starts", [
+    (1, 1, [0]), (1, 8, [0]), (3, 4, [0]), (4, 4, [0]), (8, 8, [0]), (8, 4, [0, 4]), (8, 1, list(range(8))),
+    (9, 8, [0, 8]), (20, 8, [0, 8, 16]),
+])
+def test_plan_launches_one_tile_of_vectors_each(batch, tile, starts):
+    problem = FAMILY.problem("bfloat16", m=100, n=70, batch=batch)
+    c = config(batch_tile=tile)
+    steps = FAMILY.plan(problem, c)
+    assert [s.suffix for s in steps] == [""] * len(starts)
+    inputs = {"A": "A", "x": "x", "y": "y", "alpha": 2.0, "beta": 0.5}
+    for step, j0 in zip(steps, starts):
+        args = step.args(inputs)
+        assert args[:3] == ("A", "x", "y")
+        assert [int(a) for a in args[3:7]] == [100, 70, batch, j0]
+        assert all(isinstance(a, np.int32) for a in args[3:7])
+        assert (float(args[7]), float(args[8])) == (2.0, 0.5) and all(isinstance(a, np.float32) for a in args[7:])
+        assert step.launch == FAMILY.launch(problem, c)
+    # Every vector is computed by exactly one launch.
+    covered = [j for j0 in starts for j in range(j0, min(batch, j0 + tile))]
+    assert covered == list(range(batch))
+    assert FAMILY.kernel_args(problem, inputs) == steps[0].args(inputs)
+
+
+def test_host_launcher_loops_over_the_tiles_with_the_python_grid():
+    c = config(threads_per_row=8, warps_per_block=2, rows_per_group=2, batch_tile=4)
+    source = render(FAMILY, "float16", c, host_launcher=True)
+    name = FAMILY.kernel_name("float16", c)
+    assert f"extern \"C\" cudaError_t {name}_launch({FAMILY.c_params}, cudaStream_t stream)" in source
+    rows = FAMILY.rows_per_block(c)
+    assert rows == 16
+    assert f"const dim3 grid((unsigned int)((m - 1) / {rows} + 1));" in source
+    assert "for (long long j0 = 0; j0 < batch; j0 += 4)" in source
+    assert "if (m <= 0 || n <= 0 || batch <= 0) return cudaErrorInvalidValue;" in source
+    assert "_launch(" not in render(FAMILY, "float16", c)  # NVRTC builds get device code only
+
+
+def test_templates_use_bit_patterns_and_no_headers():
+    for dtype in DTYPES:
+        source = render(FAMILY, dtype, FAMILY.default_config())
+        assert "#include" not in source and "__half" not in source and "__nv_bfloat16" not in source
+        assert ("cvt.f32.f16" in source) == (dtype == "float16")
+        assert ("cvt.rn.bf16.f32" in source) == (dtype == "bfloat16")
+
+
+# -- problems and pruning --------------------------------------------------------------------------
+
+
+def test_batch_defaults_to_one_and_any_batch_is_a_problem():
+    assert FAMILY.problem(m=8, n=8).shape_key == "m=8,n=8,batch=1"
+    assert FAMILY.problem("bfloat16", m=8, n=8, batch=8).dtype == "bfloat16"
+    assert FAMILY.problem(m=8, n=8, batch=37)["batch"] == 37  # several launches of at most 8 vectors
+
+
+@pytest.mark.parametrize("dtype, dims, fragment", [
+    ("float16", {"m": 0, "n": 16}, "m must be between 1"),
+    ("float16", {"m": 16, "n": -3}, "n must be between 1"),
+    ("float16", {"m": 16, "n": 16, "batch": 0}, "batch must be between 1"),
+    ("float16", {"n": 16}, "missing m"),
+    ("float16", {"m": 16, "n": 16, "k": 2}, "unknown k"),
+    ("float16", {"m": 2**31, "n": 1}, "m must be between 1"),
+    ("float32", {"m": 16, "n": 16}, "supports dtype float16, bfloat16"),
+])
+def test_bad_problems_are_usage_errors(dtype, dims, fragment):
+    with pytest.raises(UsageError) as info:
+        FAMILY.problem(dtype, **dims)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("batch, tile", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (7, 8), (8, 8), (9, 8), (64, 8)])
+def test_search_times_only_the_tile_that_covers_the_batch(batch, tile):
+    assert batch_tile_for(batch) == tile
+    problem = FAMILY.problem(m=4096, n=4096, batch=batch)
+    for choice in (1, 2, 4, 8):
+        reason = FAMILY.reject_reason(problem, config(batch_tile=choice))
+        assert (reason is None) == (choice == tile), (choice, reason)
+        if reason:
+            assert f"batch_tile={choice} for batch={batch}" in reason
+
+
+def test_search_prunes_row_groups_that_overshoot_short_rows():
+    problem = FAMILY.problem(m=16384, n=16)
+    wide = config(threads_per_row=256, warps_per_block=8)
+    assert "threads_per_row*pack_width=2048 spans over twice n=16" in FAMILY.reject_reason(problem, wide)
+    assert "unroll=2 reaches past n=16" in FAMILY.reject_reason(problem, config(threads_per_row=16, pack_width=4))
+    assert FAMILY.reject_reason(problem, config(threads_per_row=16, pack_width=4, unroll=1)) is None
+    big = FAMILY.problem(m=4096, n=4096)
+    assert FAMILY.reject_reason(big, FAMILY.default_config()) is None
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+
+def decoded(array, dtype):
+    return to_float64(np, array, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_reference_matches_a_plain_loop_over_the_values_read(dtype, batch):
+    problem = FAMILY.problem(dtype, m=5, n=7, batch=batch)
+    rng = np.random.default_rng(1)
+    for case in FAMILY.validation_cases(problem):
+        inputs = FAMILY.make_inputs(problem, np, rng, case)
+        A, x, y = (decoded(inputs[k], dtype) for k in ("A", "x", "y"))
+        x2 = x.reshape(7, batch)
+        want = np.empty((5, batch))
+        for i in range(5):
+            for j in range(batch):
+                want[i, j] = case["alpha"] * math.fsum(A[i, k] * x2[k, j] for k in range(7))
+                if case["beta"]:
+                    want[i, j] += case["beta"] * y.reshape(5, batch)[i, j]
+        got = FAMILY.reference(problem, inputs)
+        assert got.shape == inputs["y"].shape == ((5,) if batch == 1 else (5, batch))
+        np.testing.assert_allclose(got.reshape(5, batch), want, rtol=1e-12)
+        terms = abs(case["alpha"]) * (np.abs(A) @ np.abs(x)) + (abs(case["beta"]) * np.abs(y) if case["beta"] else 0)
+        np.testing.assert_allclose(FAMILY.reference_magnitude(problem, inputs), np.abs(got) + GUARD * terms,
+                                   rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inputs_are_fresh_random_halves_and_the_output_poisoned(dtype):
+    problem = FAMILY.problem(dtype, m=64, n=33, batch=4)
+    rng = np.random.default_rng(2)
+    storage = np.float16 if dtype == "float16" else np.uint16
+    cases = FAMILY.validation_cases(problem)
+    assert [c["beta"] for c in cases] == [0.0, 1.25, 0.0]
+    poisoned = FAMILY.make_inputs(problem, np, rng, cases[0])
+    assert all(poisoned[k].dtype == storage for k in ("A", "x", "y"))
+    assert poisoned["A"].shape == (64, 33) and poisoned["x"].shape == (33, 4) and poisoned["y"].shape == (64, 4)
+    y = FAMILY.output_values(problem, poisoned, "y", np)
+    assert np.isnan(y.astype(np.float64)).all()
+    A = decoded(poisoned["A"], dtype)
+    assert np.count_nonzero(A) >= A.size - 2 and -0.5 <= A.min() and A.max() <= 0.5
+    honoured = FAMILY.make_inputs(problem, np, rng, cases[1])
+    assert np.isfinite(decoded(honoured["y"], dtype)).all()
+    assert not np.array_equal(poisoned["A"], honoured["A"])  # fresh inputs each time
+    vector = FAMILY.make_inputs(FAMILY.problem(dtype, m=9, n=5), np, rng, cases[0])
+    assert vector["x"].shape == (5,) and vector["y"].shape == (9,)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4096, 4097, 14336])
+def test_large_case_overflows_half_accumulation_but_not_y(n):
+    problem = FAMILY.problem("float16", m=3, n=n, batch=2)
+    case = FAMILY.validation_cases(problem)[2]
+    assert case["values"] == "large" and case["beta"] == 0.0
+    assert case["alpha"] == 2.0 ** -math.ceil(math.log2(n)) and math.frexp(case["alpha"])[0] == 0.5  # a power of 2
+    inputs = FAMILY.make_inputs(problem, np, np.random.default_rng(3), case)
+    A, x = decoded(inputs["A"], "float16"), decoded(inputs["x"], "float16")
+    assert A.min() >= 128 and A.max() <= 240 and x.min() >= 128 and x.max() <= 240
+    assert (A * A).max() < 65504  # a single product fits fp16
+    ref = FAMILY.reference(problem, inputs)
+    assert np.isfinite(ref).all() and np.abs(ref).max() < 65504  # y fits fp16
+    # A kernel that sums any four products in fp16 gets inf.
+    if n >= 4:
+        with np.errstate(over="ignore"):
+            half_sum = sum(inputs["A"][:, k:k + 1] * inputs["x"][k:k + 1, :] for k in range(4))
+        assert half_sum.dtype == np.float16 and np.isinf(half_sum).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tolerance_passes_the_rounded_reference_and_catches_real_bugs(dtype):
+    tolerance = TOLERANCES[dtype]
+    assert FAMILY.tolerance_for(FAMILY.problem(dtype, m=1, n=1)) == tolerance
+    # The bound the tolerance doubles: the relative rounding of y to the dtype.
+    rounding = 2.0**-11 if dtype == "float16" else 2.0**-8
+    assert 2 * rounding <= tolerance <= 2.1 * rounding
+    for m, n, batch in [(1, 1, 1), (3, 5, 2), (257, 4099, 1), (64, 1000, 8)]:
+        problem = FAMILY.problem(dtype, m=m, n=n, batch=batch)
+        rng = np.random.default_rng(m + n)
+        for case in FAMILY.validation_cases(problem):
+            inputs = FAMILY.make_inputs(problem, np, rng, case)
+            expected = FAMILY.reference(problem, inputs)
+            magnitude = FAMILY.reference_magnitude(problem, inputs)
+            # A correct kernel: the exact result rounded to the dtype once.
+            inputs["y"] = to_storage(np, expected.astype(np.float32), dtype)
+            error, reason = FAMILY.compare(problem, inputs, expected, magnitude)
+            assert reason == "" and error <= tolerance / 2, (problem, case, error)
+            if n >= 1000 and case["values"] == "uniform":
+                # A kernel that drops one pack of 8 columns of every row fails.
+                A = decoded(inputs["A"], dtype).copy()
+                A[:, 8:16] = 0
+                x = decoded(inputs["x"], dtype)
+                wrong = case["alpha"] * (A @ x) + (case["beta"] * decoded(inputs["y"], dtype) if case["beta"] else 0)
+                inputs["y"] = to_storage(np, wrong.astype(np.float32), dtype)
+                error, reason = FAMILY.compare(problem, inputs, expected, magnitude)
+                assert error > tolerance, (problem, case, error)
+        # Left unwritten (NaN): caught.
+        case = FAMILY.validation_cases(problem)[0]
+        inputs = FAMILY.make_inputs(problem, np, rng, case)
+        expected = FAMILY.reference(problem, inputs)
+        error, reason = FAMILY.compare(problem, inputs, expected, FAMILY.reference_magnitude(problem, inputs))
+        assert "NaN" in reason
+
+
+def test_bytes_and_flops():
+    problem = FAMILY.problem(m=4096, n=4096, batch=4)
+    assert FAMILY.bytes_moved(problem, {"beta": 0.0}) == 2 * (4096 * 4096 + 4096 * 4 + 4096 * 4)
+    assert FAMILY.bytes_moved(problem, {"beta": 1.0}) == 2 * (4096 * 4096 + 4096 * 4 + 2 * 4096 * 4)
+    assert FAMILY.weight_bytes(problem) == 2 * 4096 * 4096
+    assert FAMILY.flops(problem) == 2 * 4096 * 4096 * 4
+
+
+def test_rank_of_x_operands():
+    assert _rank(np.zeros(3)) == 1 and _rank(np.zeros((3, 2))) == 2
+    with pytest.raises(ArgumentError, match="2-dimensional"):
+        _rank(np.zeros((3, 2, 1)))
+
+    class Interface:
+        __cuda_array_interface__ = {"shape": (5, 4)}
+
+    assert _rank(Interface()) == 2
+
+
+def test_entry_symbol_names_every_dtype():
+    assert [FAMILY.entry_symbol(d) for d in DTYPES] == ["autogen_hgemv_f16", "autogen_hgemv_bf16"]
+
+
+# -- export and the self-test hook ---------------------------------------------------------------------
+
+from conftest import gpu_unavailable_reason  # noqa: E402
+from nvcc_tools import nvcc_or_skip  # noqa: E402
+from test_export import H100, WERROR, build_library, run, run_export, store_winner  # noqa: E402
+from tuning_db import TuningDB  # noqa: E402
+
+ARCH = "sm_90"
+WINNERS = {
+    "float16": {(4096, 4096, 1): FAMILY.default_params,
+                (4096, 4096, 4): dict(FAMILY.default_params, batch_tile=4, x_path="smem", unroll=1),
+                (1000, 37, 1): dict(FAMILY.default_params, threads_per_row=4, pack_width=2, rows_per_group=4,
+                                    unroll=4)},
+    "bfloat16": {(4096, 4096, 8): dict(FAMILY.default_params, threads_per_row=128, warps_per_block=8, batch_tile=8,
+                                       reduce="smem", rows_per_group=2, unroll=1),
+                 (128, 8192, 2): dict(FAMILY.default_params, threads_per_row=256, warps_per_block=8, batch_tile=2,
+                                      x_path="smem", pack_width=4, unroll=1)},
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("export_hgemv")
+    url = f"sqlite:///{root / 'tuning.db'}"
+    with TuningDB(url) as db:
+        for dtype, shapes in WINNERS.items():
+            for i, (shape, params) in enumerate(shapes.items()):
+                store_winner(db, H100, "hgemv", dict(zip(FAMILY.dims, shape)), params, 2.0 + i, 3.0 + i, dtype=dtype)
+    out = root / "autogen_hgemv"
+    assert run_export("hgemv", "--out", str(out), "--gpu", H100.name, "--db", url, "--self-test") == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def library(exported, tmp_path_factory) -> Path:
+    return build_library(exported / "autogen_hgemv.cu", ARCH, tmp_path_factory.mktemp("library"))
+
+
+def test_export_has_an_entry_point_and_hook_per_dtype(exported):
+    header = (exported / "autogen_hgemv.h").read_text()
+    selftest = (exported / "autogen_hgemv_selftest.cu").read_text()
+    assert "no self-test hook" not in selftest
+    for dtype in DTYPES:
+        symbol = entry_symbol(FAMILY, dtype)
+        assert f"cudaError_t {symbol}({FAMILY.c_params}, cudaStream_t stream);" in header
+        namespace = selftest.split(f"namespace {symbol}_test {{", 1)[1].split(f"}}  // namespace {symbol}_test", 1)[0]
+        assert "class Workload {" in namespace
+        assert f"static constexpr double kTolerance = {TOLERANCES[dtype]};" in namespace
+        assert ("float_to_half_bits" in namespace) == (dtype == "float16")
+        assert ("float_to_bf16_bits" in namespace) == (dtype == "bfloat16")
+        for params in WINNERS[dtype].values():
+            name = FAMILY.kernel_name(dtype, FAMILY.space.check(params))
+            assert f'e.variants.push_back({{"{name}", {name}_launch}});' in namespace
+    assert not re.search(r"#\s*include\s*[<\"]cuda_(fp16|bf16)", selftest)
+
+
+def test_selftest_builds_for_sm90_and_fails_cleanly_without_a_gpu(exported, library, tmp_path):
+    binary = tmp_path / "autogen_hgemv_selftest"
+    run([nvcc_or_skip(), f"-arch={ARCH}", "-std=c++17", "-O3", *WERROR,
+         str(exported / "autogen_hgemv_selftest.cu"), str(library), "-o", str(binary)])
+    if gpu_unavailable_reason() is not None:
+        done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and "no CUDA GPU available" in done.stdout, done.stdout + done.stderr
+
+
+# The self-test with its main renamed, driving the hook's static members on the CPU. Values
+# travel as 16-bit patterns.
+HARNESS = r"""
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#define main autogen_selftest_main
+#include "autogen_hgemv_selftest.cu"
+#undef main
+
+void print_bits(const std::vector<std::uint16_t>& values)
+{
+    for (std::size_t i = 0; i < values.size(); ++i) std::printf("%s%u", i ? " " : "", (unsigned int)values[i]);
+    std::printf("\n");
+}
+
+void print_doubles(const std::vector<double>& values)
+{
+    for (std::size_t i = 0; i < values.size(); ++i) std::printf("%s%.17g", i ? " " : "", values[i]);
+    std::printf("\n");
+}
+
+// inputs m n b case seed: A, x, y, "alpha beta", the reference, the magnitude.
+// error m n b case seed < y_out: the error of y_out against that case's inputs, and why.
+template <class W>
+int family(const std::string& mode, int m, int n, int b, int c, unsigned long long seed)
+{
+    selftest::Rng rng(seed);
+    std::vector<std::uint16_t> a((std::size_t)m * n), x((std::size_t)n * b), y((std::size_t)m * b), out(y.size());
+    W::make_inputs(c, rng, a, x, y);
+    const float alpha = W::alpha_of(c, n), beta = W::beta_of(c);
+    if (mode == "inputs") {
+        std::vector<double> ref, magnitude;
+        W::reference(a, x, y, m, n, b, alpha, beta, ref, magnitude);
+        print_bits(a);
+        print_bits(x);
+        print_bits(y);
+        std::printf("%.17g %.17g\n", (double)alpha, (double)beta);
+        print_doubles(ref);
+        print_doubles(magnitude);
+        return 0;
+    }
+    for (std::uint16_t& v : out) {
+        unsigned int bits = 0;
+        if (std::scanf("%u", &bits) != 1) return 2;
+        v = (std::uint16_t)bits;
+    }
+    std::string why;
+    const double error = W::output_error(a, x, y, out, m, n, b, alpha, beta, &why);
+    std::printf("%.17g\n%s\n", error, why.c_str());
+    return 0;
+}
+
+int main(int argc, char** argv)
+{
+    if (argc != 8) return 2;
+    const std::string mode = argv[1], dtype = argv[2];
+    const int m = std::atoi(argv[3]), n = std::atoi(argv[4]), b = std::atoi(argv[5]), c = std::atoi(argv[6]);
+    const unsigned long long seed = std::strtoull(argv[7], nullptr, 10);
+    return dtype == "float16" ? family<@F16@::Workload>(mode, m, n, b, c, seed)
+                              : family<@BF16@::Workload>(mode, m, n, b, c, seed);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def harness(exported, library, tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("harness")
+    source = work / "harness_hgemv.cu"
+    source.write_text(HARNESS.replace("@F16@", entry_symbol(FAMILY, "float16") + "_test")
+                      .replace("@BF16@", entry_symbol(FAMILY, "bfloat16") + "_test"))
+    binary = work / "harness_hgemv"
+    run([nvcc_or_skip(), "-std=c++17", *WERROR, f"-I{exported}", str(source), str(library), "-o", str(binary)])
+    return binary
+
+
+def call(binary: Path, *args, stdin: str | None = None) -> list[str]:
+    return run([str(binary), *map(str, args)], input=stdin).stdout.splitlines()
+
+
+def bits(line: str, dtype: str) -> np.ndarray:
+    values = np.array([int(b) for b in line.split()], dtype=np.uint16)
+    return values.view(np.float16) if dtype == "float16" else values
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hook_inputs_and_reference_match_the_python_family(harness, dtype):
+    for m, n, b in [(1, 1, 1), (3, 5, 2), (7, 33, 8), (5, 70, 3)]:
+        for c in range(4):
+            lines = call(harness, "inputs", dtype, m, n, b, c, 40 + c)
+            A, x, y = bits(lines[0], dtype).reshape(m, n), bits(lines[1], dtype), bits(lines[2], dtype)
+            x, y = (x, y) if b == 1 else (x.reshape(n, b), y.reshape(m, b))
+            alpha, beta = map(float, lines[3].split())
+            python_case = FAMILY.validation_cases(FAMILY.problem(dtype, m=m, n=n, batch=b))[min(c, 2)]
+            if c == 3:
+                python_case = FAMILY.validation_cases(FAMILY.problem(dtype, m=m, n=n, batch=b))[0]
+            assert (alpha, beta) == (python_case["alpha"], python_case["beta"]), c
+            values = {k: decoded(v, dtype) for k, v in (("A", A), ("x", x), ("y", y))}
+            if beta == 0.0:
+                assert np.isnan(values["y"]).all()
+            else:
+                assert np.isfinite(values["y"]).all()
+            bound = (128, 240) if c == 2 else (-0.5, 0.5)
+            assert bound[0] <= values["A"].min() and values["A"].max() <= bound[1]
+            assert bound[0] <= values["x"].min() and values["x"].max() <= bound[1]
+            problem = FAMILY.problem(dtype, m=m, n=n, batch=b)
+            inputs = {"A": A, "x": x, "y": y, "alpha": alpha, "beta": beta}
+            ref = np.array([float(v) for v in lines[4].split()])
+            magnitude = np.array([float(v) for v in lines[5].split()])
+            np.testing.assert_allclose(ref, FAMILY.reference(problem, inputs).ravel(), rtol=1e-12, atol=1e-300)
+            np.testing.assert_allclose(magnitude, FAMILY.reference_magnitude(problem, inputs).ravel(), rtol=1e-12)
+    # The same seed repeats a run's inputs; another does not.
+    first = call(harness, "inputs", dtype, 4, 9, 2, 0, 5)
+    assert first == call(harness, "inputs", dtype, 4, 9, 2, 0, 5) != call(harness, "inputs", dtype, 4, 9, 2, 0, 6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hook_error_passes_right_outputs_and_catches_wrong_ones(harness, dtype):
+    tolerance = TOLERANCES[dtype]
+    m, n, b = 9, 300, 3
+    for c in range(4):
+        lines = call(harness, "inputs", dtype, m, n, b, c, 60 + c)
+        ref = np.array([float(v) for v in lines[4].split()])
+
+        def error_of(values):
+            encoded = to_storage(np, np.asarray(values, dtype=np.float32), dtype).view(np.uint16)
+            out = call(harness, "error", dtype, m, n, b, c, 60 + c, stdin=" ".join(map(str, encoded.tolist())) + "\n")
+            return float(out[0]), (out[1] if len(out) > 1 else "")
+
+        error, why = error_of(ref)
+        assert why == "" and error <= tolerance / 2, (c, error)
+        error, why = error_of(np.full_like(ref, np.nan))
+        assert error == math.inf and "NaN/inf" in why
+        error, why = error_of(ref * 1.02)
+        assert why == "" and error > tolerance
