@@ -103,7 +103,8 @@ class Hgemv(Family):
     selftest_template = "export/selftest_hgemv.cu.j2"
     api = "hgemv"
     dims = ("m", "n", "batch")
-    dim_defaults = {"batch": 1}  # problem() fills it in; the CLI needs the same (see the report)
+    dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
+    export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
     dtypes = ("float16", "bfloat16")
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
@@ -116,18 +117,15 @@ class Hgemv(Family):
     description = ("y = alpha * A x + beta * y, A row-major m x n in fp16 or bf16, x n x batch, "
                    "fp32 accumulation, y m x batch in A's dtype")
 
-    def problem(self, dtype: str | None = None, **dims) -> Problem:
-        for name, value in self.dim_defaults.items():
-            dims.setdefault(name, value)
-        return super().problem(dtype, **dims)
-
     def tolerance_for(self, problem: Problem) -> float:
         return TOLERANCES[problem.dtype]
 
-    def entry_symbol(self, dtype: str) -> str:
-        """The exported entry point of a dtype: autogen_hgemv_f16, autogen_hgemv_bf16 (the core
-        names the first dtype's autogen_hgemv today; see the report)."""
-        return f"autogen_{self.symbol}_{DTYPES[dtype].tag}"
+    def default_config(self, problem: Problem | None = None) -> Config:
+        """Untuned, a batch of b vectors is served in one launch: the batch tile that covers it."""
+        params = dict(self.default_params)
+        if problem is not None:
+            params["batch_tile"] = batch_tile_for(problem["batch"])
+        return self.space.check(params)
 
     # --- geometry -------------------------------------------------------------------------
     def rows_per_block(self, config: Config) -> int:
