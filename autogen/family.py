@@ -407,7 +407,8 @@ def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int, devic
     if type(obj) is cupy.ndarray:
         array = obj
     elif hasattr(obj, "__cuda_array_interface__"):
-        array = cupy.asarray(obj)
+        # torch describes bfloat16 as raw 2-byte items ("<V2"): hand over its bit patterns.
+        array = cupy.asarray(_bits_if_bfloat16(obj))
     elif hasattr(obj, "__dlpack__") and _on_cuda(obj):
         array = cupy.from_dlpack(_bits_if_bfloat16(obj))
     else:
