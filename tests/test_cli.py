@@ -37,7 +37,9 @@ def test_gpu_commands_without_a_gpu_fail_in_one_line(command):
     (["tune", "sgemv", "--m", "16384"], "needs --n"),
     (["tune", "nosuch", "--m", "1", "--n", "1"], "unknown family 'nosuch'"),
     (["tune", "sgemv", "--m", "4", "--n", "4", "--dtype", "float64"], "supports dtype float32"),
-    (["show", "sgemv", "--m", "4", "--n", "4", "--k", "3"], None),  # argparse: no --k flag
+    # --k exists since sgemm (m, n, k) registered: the family check refuses it for sgemv.
+    (["show", "sgemv", "--m", "4", "--n", "4", "--k", "3"], "sgemv takes --m, --n, not --k"),
+    (["show", "sgemv", "--m", "4", "--n", "4", "--nosuch", "3"], None),  # argparse: no such flag
     (["tune", "sgemv", "--m", "x", "--n", "4"], "expected an integer"),
     (["tune", "sgemv", "--m", "4", "--n", "4", "--sampler", "grid"], "invalid choice"),
 ])
