@@ -37,7 +37,8 @@ def test_gpu_commands_without_a_gpu_fail_in_one_line(command):
     (["tune", "sgemv", "--m", "16384"], "needs --n"),
     (["tune", "nosuch", "--m", "1", "--n", "1"], "unknown family 'nosuch'"),
     (["tune", "sgemv", "--m", "4", "--n", "4", "--dtype", "float64"], "invalid choice: 'float64'"),
-    (["show", "sgemv", "--m", "4", "--n", "4", "--k", "3"], None),  # argparse: no --k flag
+    (["show", "sgemv", "--m", "4", "--n", "4", "--k", "3"], None),  # argparse: sgemv has no --k flag
+    (["show", "sgemv", "--m", "4", "--n", "4", "--nosuch", "3"], None),  # argparse: no such flag
     (["tune", "sgemv", "--m", "x", "--n", "4"], "--m expects a whole number"),
     (["tune", "sgemv", "--m", "4", "--n", "4", "--sampler", "grid"], "invalid choice"),
 ])

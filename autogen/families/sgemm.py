@@ -1,0 +1,308 @@
+"""SGEMM: C = alpha * A B + beta * C, fp32, row-major A (m x k), B (k x n), C (m x n).
+Template: templates/sgemm.cu.j2.
+
+The block tile (block_m x block_n x block_k), the thread tile (thread_m x thread_n) and the warp
+layout (how a warp's 32 threads tile a warp's share of the block) are parameters; the number of
+warps follows from them. Further: the width of global loads and of C stores, shared-memory
+padding, the pipeline (single stage, register prefetch, 2 or 3 cp.async stages) and split-K.
+
+Split-K (split_k > 1) is two steps: `_init` sets C = beta * C (or 0 without reading C when beta
+is 0), then the GEMM kernel's blocks, split_k per tile over disjoint ranges of k, add alpha times
+their partial tiles into C with atomicAdd. No workspace, so the exported launcher allocates none.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..errors import ArgumentError, GpuUnavailableError, UsageError
+from ..problem import Config, Problem
+from ..space import Param, Space
+from ..family import Family, Launch, Peer, Step, device_array, new_output, random_uniform, register
+
+# Where no GPU is visible (CPU tests, planning off-device): the H100 SXM's 132 SMs.
+FALLBACK_SM_COUNT = 132
+# Blocks of the split-K init kernel (256 threads, grid-stride); the template has the same figure.
+INIT_THREADS = 256
+INIT_MAX_BLOCKS = 4096
+SHARED_LIMIT = 48 * 1024  # static shared memory per block
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
+# What the estimate below may reach: nvcc fills 255 registers and spills past an estimate of
+# ~215 (TM = TN = 8 with BK = 32 and 64-thread blocks), so blocks of up to 256 threads stop at 208.
+MAX_REGISTERS = 208
+# Registers a variant needs besides accumulators, fragments and prefetch: indices, pointers,
+# bounds, loop state. Calibrated on nvcc 13 -Xptxas -v for sm_80 and sm_90: no spill at or
+# under the cap (512 threads: 128; fewer: MAX_REGISTERS).
+REGISTER_OVERHEAD = 40
+MAX_COPIES = 32  # global loads (or cp.async copies) per thread per k tile: bounds code size
+MAX_THREADS = 512
+SMALL_TILE = 64 * 64  # block tiles under this are pruned where 128 x 128 tiles fill the GPU 4 times
+
+STAGES = {"sync": 1, "regs": 2, "async2": 2, "async3": 3}
+
+
+def warp_shape(p) -> tuple[int, int]:
+    rows, cols = p["warp_layout"].split("x")
+    return int(rows), int(cols)
+
+
+def geometry(p) -> dict:
+    """Derived sizes of a (complete) parameter set: warps, threads, shared bytes, loads, registers."""
+    wr, wc = warp_shape(p)
+    bm, bn, bk, tm, tn = p["block_m"], p["block_n"], p["block_k"], p["thread_m"], p["thread_n"]
+    warps_m, warps_n = bm // (wr * tm), bn // (wc * tn)
+    threads = 32 * warps_m * warps_n
+    stages = STAGES[p["pipeline"]]
+    pad = p["smem_pad"]
+    vw = p["vector_width"]
+    a_vw = 1 if p["pipeline"].startswith("async") else vw
+    a_loads = -(-bm * bk // a_vw // threads)
+    b_loads = -(-bk * bn // vw // threads)
+    prefetch = (a_loads * a_vw + b_loads * vw) if p["pipeline"] in ("sync", "regs") else 0
+    # Accumulators, one k step's A and B fragments (twice: the next step's are loaded early),
+    # the staged global loads (1.5 registers per float: nvcc keeps copies while it transposes
+    # and converts them; blocks of 32-64 threads with deep tiles spill without this), an address
+    # or predicate per load, and the fixed overhead.
+    registers = tm * tn + 2 * (tm + tn) + prefetch * 3 // 2 + a_loads + b_loads + REGISTER_OVERHEAD
+    return {"warps_m": warps_m, "warps_n": warps_n, "threads": threads, "stages": stages,
+            "shared_bytes": 4 * stages * bk * (bm + pad + bn + pad), "a_loads": a_loads, "b_loads": b_loads,
+            "registers": registers, "register_cap": min(MAX_REGISTERS, REGISTER_FILE // max(threads, 1))}
+
+
+def _warp_tiles_fit(p) -> str | None:
+    wr, wc = warp_shape(p)
+    if p["block_m"] % (wr * p["thread_m"]) or p["block_n"] % (wc * p["thread_n"]):
+        return (f"block {p['block_m']}x{p['block_n']} is not a whole number of {wr * p['thread_m']}x"
+                f"{wc * p['thread_n']} warp tiles (warp_layout {p['warp_layout']}, thread tile "
+                f"{p['thread_m']}x{p['thread_n']})")
+    return None
+
+
+def _resources_fit(p) -> str | None:
+    """Threads, shared memory, registers and loads per thread, checked before compiling."""
+    if _warp_tiles_fit(p):
+        return None  # reported by _warp_tiles_fit; the geometry is undefined
+    g = geometry(p)
+    if g["threads"] > MAX_THREADS:
+        return f"{g['threads']} threads per block (over {MAX_THREADS})"
+    if g["shared_bytes"] > SHARED_LIMIT:
+        return f"{g['shared_bytes']} bytes of shared memory (over {SHARED_LIMIT})"
+    if g["registers"] > g["register_cap"]:
+        return (f"about {g['registers']} registers per thread, over the {g['register_cap']} that "
+                f"{g['threads']} threads may use (it would spill)")
+    if g["a_loads"] + g["b_loads"] > MAX_COPIES:
+        return f"{g['a_loads'] + g['b_loads']} global loads per thread per k tile (over {MAX_COPIES})"
+    return None
+
+
+def _split_stores_scalar(p) -> str | None:
+    # Split-K adds into C with scalar atomics: store_width would only rename the same kernel.
+    if p["split_k"] > 1 and p["store_width"] > 1:
+        return "split_k > 1 stores with scalar atomicAdd: store_width must be 1"
+    return None
+
+
+def _sync_depth(p) -> str | None:
+    # Measured with nvcc 13 -Xptxas -v: single-stage kernels with 32-deep k tiles get a few bytes
+    # of spill from ptxas's own occupancy target at any thread tile; the other pipelines do not.
+    if p["pipeline"] == "sync" and p["block_k"] == 32:
+        return "pipeline=sync with block_k=32 spills (ptxas); take block_k <= 16 or another pipeline"
+    return None
+
+
+SPACE = Space(
+    params=(
+        Param("block_m", (16, 32, 64, 128, 256), "bm", "rows of C per block"),
+        Param("block_n", (16, 32, 64, 128, 256), "bn", "columns of C per block"),
+        Param("block_k", (8, 16, 32), "bk", "depth of the k tile held in shared memory"),
+        Param("thread_m", (4, 8), "tm", "rows of C per thread (registers), in fragments of 4"),
+        Param("thread_n", (4, 8), "tn", "columns of C per thread (registers), in fragments of 4"),
+        Param("warp_layout", ("4x8", "8x4"), "wl",
+              "a warp's threads as rows x columns: the warp tile is (rows*thread_m) x (cols*thread_n)"),
+        Param("vector_width", (1, 4), "vw", "floats per global load of A and B (4: 16-byte loads; 1: 4-byte)"),
+        Param("store_width", (1, 4), "sw", "floats per store of C (4: 16-byte stores)"),
+        Param("smem_pad", (0, 4), "pad", "floats of padding per shared-memory row, against bank conflicts"),
+        Param("pipeline", ("sync", "regs", "async2", "async3"), "pl",
+              "sync: one stage; regs: 2 stages, next tile prefetched in registers; asyncN: N cp.async stages"),
+        Param("split_k", (1, 2, 4, 8, 16, 32, 64), "sk", "blocks per tile over disjoint ranges of k (atomicAdd)"),
+    ),
+    constraints=(_warp_tiles_fit, _resources_fit, _split_stores_scalar, _sync_depth),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def sm_count() -> int:
+    """SMs of the current device (one per process, as in the GPU worker); 132 without a GPU."""
+    try:
+        from ..gpu import require_cupy
+        runtime = require_cupy().cuda.runtime
+    except GpuUnavailableError:
+        return FALLBACK_SM_COUNT
+    return int(runtime.getDeviceProperties(runtime.getDevice())["multiProcessorCount"])
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@register
+class Sgemm(Family):
+    name = "sgemm"
+    template = "sgemm.cu.j2"
+    selftest_template = "export/selftest_sgemm.cu.j2"
+    api = "sgemm"
+    dims = ("m", "n", "k")
+    dtypes = ("float32",)
+    space = SPACE
+    default_params = {"block_m": 128, "block_n": 128, "block_k": 8, "thread_m": 8, "thread_n": 8,
+                      "warp_layout": "4x8", "vector_width": 4, "store_width": 4, "smem_pad": 4,
+                      "pipeline": "regs", "split_k": 1}
+    outputs = ("C",)
+    c_params = "const float* A, const float* B, float* C, int m, int n, int k, float alpha, float beta"
+    # The error is relative to alpha |A| |B| + beta |C| (reference_magnitude), the scale fp32
+    # rounding of k-term sums grows with; a correct kernel shows ~1e-7 at any k.
+    tolerance = 1e-5
+    roofline = "compute"
+    description = "C = alpha * A B + beta * C, fp32, row-major A (m x k), B (k x n), C (m x n)"
+
+    # --- geometry -------------------------------------------------------------------------
+    def tiles(self, problem: Problem, config: Config) -> int:
+        return _ceil(problem["m"], config["block_m"]) * _ceil(problem["n"], config["block_n"])
+
+    def check_problem(self, problem: Problem) -> None:
+        # One block per 16 x 16 tile at most (the smallest block tile) must fit grid.x.
+        if _ceil(problem["m"], 16) * _ceil(problem["n"], 16) > 2**31 - 1:
+            raise UsageError(f"sgemm: m x n = {problem['m']} x {problem['n']} has too many tiles for one grid")
+
+    def launch(self, problem: Problem, config: Config) -> Launch:
+        return Launch(grid=(self.tiles(problem, config), config["split_k"], 1),
+                      block=(geometry(config)["threads"], 1, 1))
+
+    def init_launch(self, problem: Problem) -> Launch:
+        blocks = max(1, min(INIT_MAX_BLOCKS, _ceil(problem["m"] * problem["n"], INIT_THREADS)))
+        return Launch(grid=(blocks, 1, 1), block=(INIT_THREADS, 1, 1))
+
+    def plan(self, problem: Problem, config: Config) -> list[Step]:
+        # The shape arguments are fixed per plan: built once, not on every dispatched call.
+        m, n, k = np.int32(problem["m"]), np.int32(problem["n"]), np.int32(problem["k"])
+
+        def args(inputs: dict) -> tuple:
+            return (inputs["A"], inputs["B"], inputs["C"], m, n, k,
+                    np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
+
+        main = Step("", self.launch(problem, config), args)
+        if config["split_k"] == 1:
+            return [main]
+        init = Step("_init", self.init_launch(problem),
+                    lambda inputs: (inputs["C"], m, n, np.float32(inputs["beta"])))
+        return [init, main]
+
+    def reject_reason(self, problem: Problem, config: Config) -> str | None:
+        m, n, k = problem["m"], problem["n"], problem["k"]
+        bm, bn, bk = config["block_m"], config["block_n"], config["block_k"]
+        if bm > 16 and bm >= 2 * m:
+            return f"block_m={bm} is at least twice m={m}"
+        if bn > 16 and bn >= 2 * n:
+            return f"block_n={bn} is at least twice n={n}"
+        if bk > 8 and bk >= 2 * k:
+            return f"block_k={bk} is at least twice k={k}"
+        if bm * bn < SMALL_TILE and _ceil(m, 128) * _ceil(n, 128) >= 4 * sm_count():
+            return f"block tile {bm}x{bn} is small for {m}x{n}: 128x128 tiles already fill 4 waves"
+        split = config["split_k"]
+        if split > 1:
+            tiles = self.tiles(problem, config)
+            if tiles >= 2 * sm_count():
+                return f"{tiles} tiles fill the GPU twice without split-K"
+            if _ceil(k, bk) < 2 * split:
+                return f"split_k={split} leaves fewer than 2 k tiles of {bk} per split (k={k})"
+            if tiles * split > 16 * sm_count():
+                return f"{tiles} tiles x split_k={split} is over 16 blocks per SM"
+        return None
+
+    # --- data -----------------------------------------------------------------------------
+    def validation_cases(self, problem: Problem) -> list[dict]:
+        # beta = 0 with C poisoned (NaN): every element written and C never read. beta != 0: C honoured.
+        return [{"alpha": 1.5, "beta": 0.0}, {"alpha": -0.75, "beta": 1.25}]
+
+    def timing_case(self, problem: Problem) -> dict:
+        return {"alpha": 1.0, "beta": 0.0}
+
+    def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
+        m, n, k = problem["m"], problem["n"], problem["k"]
+        A = random_uniform(xp, rng, (m, k), xp.float32)
+        B = random_uniform(xp, rng, (k, n), xp.float32)
+        if case["beta"] == 0.0:
+            C = xp.full((m, n), xp.nan, dtype=xp.float32)
+        else:
+            C = random_uniform(xp, rng, (m, n), xp.float32)
+        return {"A": A, "B": B, "C": C, "alpha": case["alpha"], "beta": case["beta"]}
+
+    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
+        return (inputs["A"], inputs["B"], inputs["C"], np.int32(problem["m"]), np.int32(problem["n"]),
+                np.int32(problem["k"]), np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
+
+    def reference(self, problem: Problem, inputs: dict, xp=np):
+        result = inputs["alpha"] * (inputs["A"].astype(xp.float64) @ inputs["B"].astype(xp.float64))
+        if inputs["beta"] != 0.0:
+            result += inputs["beta"] * inputs["C"].astype(xp.float64)
+        return result
+
+    def reference_magnitude(self, problem: Problem, inputs: dict, xp=np):
+        A, B = xp.abs(inputs["A"].astype(xp.float64)), xp.abs(inputs["B"].astype(xp.float64))
+        result = abs(inputs["alpha"]) * (A @ B)
+        if inputs["beta"] != 0.0:
+            result += abs(inputs["beta"]) * xp.abs(inputs["C"].astype(xp.float64))
+        return result
+
+    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
+        m, n, k = problem["m"], problem["n"], problem["k"]
+        reads_c = case is not None and case.get("beta", 0.0) != 0.0
+        return 4 * (m * k + k * n + m * n + (m * n if reads_c else 0))
+
+    def flops(self, problem: Problem) -> int:
+        return 2 * problem["m"] * problem["n"] * problem["k"]
+
+    def peer(self, problem: Problem) -> Peer | None:
+        from ..peers import cublas_handle
+        handle = cublas_handle()
+        if handle is None:
+            return None
+        import cupy
+        m, n, k = problem["m"], problem["n"], problem["k"]
+
+        def run(inputs: dict) -> None:
+            handle.sgemm_row_major(cupy.cuda.get_current_stream().ptr, m, n, k, inputs["alpha"],
+                                   inputs["A"].data.ptr, inputs["B"].data.ptr, inputs["beta"], inputs["C"].data.ptr)
+
+        return Peer("cuBLAS sgemm (TF32 off)", run)
+
+    # --- calls from Python ----------------------------------------------------------------
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict):
+        """autogen.sgemm(A, B, alpha=1.0, beta=0.0, C=None) -> C"""
+        A, B, alpha, beta, C = _sgemm_arguments(*args, **kwargs)
+        a = device_array(cupy, A, "A", self.dtypes, 2, device)
+        m, k = a.shape
+        b = device_array(cupy, B, "B", self.dtypes, 2, device)
+        if b.shape[0] != k:
+            raise ArgumentError(f"B has {b.shape[0]} rows, but A has {k} columns")
+        n = b.shape[1]
+        if C is None:
+            if beta != 0.0:
+                raise ArgumentError("beta != 0 needs C: it scales the C that is given")
+            C = new_output(cupy, A, (m, n), "float32")
+        c = device_array(cupy, C, "C", self.dtypes, 2, device)
+        if c.shape != (m, n):
+            raise ArgumentError(f"C has shape {tuple(c.shape)}, but A B is {m} x {n}")
+        inputs = {"A": a, "B": b, "C": c, "alpha": float(alpha), "beta": float(beta)}
+        return self._problem_of(m, n, k), inputs, C
+
+    @functools.lru_cache(maxsize=1024)
+    def _problem_of(self, m: int, n: int, k: int) -> Problem:
+        # Cached: the hot path of a dispatched call should not re-validate the same shape.
+        return self.problem("float32", m=m, n=n, k=k)
+
+
+def _sgemm_arguments(A, B, alpha=1.0, beta=0.0, C=None):
+    return A, B, alpha, beta, C

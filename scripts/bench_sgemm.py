@@ -1,0 +1,216 @@
+"""The sgemm benchmark: tune each shape, the winner vs cuBLAS (TF32 off) in the same run, cold.
+
+Per shape: time, TFLOP/s, the share of the FP32 FMA peak measured here on this GPU (a kernel of
+independent FMA chains on every SM, timed in a CUDA graph like everything else), cuBLAS's time
+and TFLOP/s from the same tuning run, and the speedup. Per winner: registers, shared memory,
+local memory and resident blocks per SM from the loaded cubin, and (where cuobjdump is on PATH)
+the SASS instruction mix. Writes DIR/bench_sgemm.json, the winners' sources in DIR/winners/,
+and prints a compact table last.
+
+    python scripts/bench_sgemm.py --out DIR --db sqlite:///DIR/tuning.db [--trials 16] [--cli-cold-start]
+
+--cli-cold-start also times `autogen tune sgemm --m 4096 --n 4096 --k 4096` (default 60 trials)
+as a new user runs it: fresh process, empty kernel cache and database (about 1-2 minutes more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# In an order where each shape's nearest tuned neighbour (the warm start) is tuned before it.
+SHAPES = [
+    (1024, 1024, 1024), (4096, 4096, 4096), (4097, 4097, 4097), (8192, 8192, 8192), (1000, 1000, 1000),
+    (4096, 4096, 64), (128, 12288, 4096), (12288, 128, 4096), (64, 64, 65536),
+]
+TARGET_SQUARE = 0.90  # of cuBLAS at 4096^3 and 8192^3
+
+FMA_PEAK_KERNEL = r"""
+// Independent FMA chains: CHAINS per thread, ITERATIONS deep, so the pipelines never wait.
+extern "C" __global__ void __launch_bounds__(256) fma_peak(float* out, float a, float b, int iterations)
+{
+    constexpr int CHAINS = 8;
+    float x[CHAINS];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) x[c] = threadIdx.x * 1e-3f + c;
+    for (int i = 0; i < iterations; ++i) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+#pragma unroll
+            for (int c = 0; c < CHAINS; ++c) x[c] = fmaf(x[c], a, b);
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c) sum += x[c];
+    if (sum == 12345.678f) out[0] = sum;  // never true: keeps the chains alive
+}
+"""
+
+
+def fp32_peak_tflops() -> dict:
+    """FP32 FMA throughput of this GPU, measured: 8 blocks of 256 threads per SM (full
+    occupancy on sm_80/sm_90), 8 independent chains per thread, graph-timed like the kernels."""
+    import numpy as np
+
+    from autogen.compile import compile_cubin
+    from autogen.gpu import device_identity, require_cupy
+    from autogen.measure import time_enqueue
+
+    cupy = require_cupy()
+    device = device_identity()
+    module = cupy.cuda.function.Module()
+    module.load(compile_cubin(FMA_PEAK_KERNEL, device.arch))
+    kernel = module.get_function("fma_peak")
+    out = cupy.zeros(1, dtype=cupy.float32)
+    blocks, threads, iterations = device.sm_count * 8, 256, 2048
+    args = (out, np.float32(0.999), np.float32(1e-3), np.int32(iterations))
+    timing = time_enqueue(cupy, lambda _i: kernel((blocks,), (threads,), args), 1, replays=7)
+    flops = 2 * blocks * threads * iterations * 8 * 8
+    return {"tflop_per_s": round(flops / (timing.median_us * 1e-6) / 1e12, 2), "time_us": round(timing.median_us, 2),
+            "blocks": blocks, "threads": threads, "gpu": device.name}
+
+
+def winner_resources(family, problem, params: dict, out: Path) -> dict:
+    """Registers, shared and local memory and resident blocks per SM of a winner's main kernel,
+    read from its cubin; its source in out/winners; its SASS mix when cuobjdump is on PATH."""
+    from autogen.compile import compile_cubin
+    from autogen.families.sgemm import geometry
+    from autogen.gpu import device_identity, require_cupy
+    from autogen.render import render
+
+    cupy = require_cupy()
+    config = family.space.check(params)
+    name = family.kernel_name(problem.dtype, config)
+    source = render(family, problem.dtype, config)
+    folder = out / "winners"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.cu").write_text(source)
+    cubin = compile_cubin(source, device_identity().arch)
+    (folder / f"{name}.cubin").write_bytes(cubin)
+    module = cupy.cuda.function.Module()
+    module.load(cubin)
+    function = module.get_function(name)
+    threads = geometry(config)["threads"]
+    info = {"registers": function.num_regs, "shared_bytes": function.shared_size_bytes,
+            "local_bytes": function.local_size_bytes, "threads": threads}
+    try:
+        info["blocks_per_sm"] = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, threads, 0)
+    except Exception:
+        pass
+    if shutil.which("cuobjdump"):
+        sass = subprocess.run(["cuobjdump", "-sass", str(folder / f"{name}.cubin")], capture_output=True, text=True).stdout
+        (folder / f"{name}.sass").write_text(sass)
+        mix = {}
+        for line in sass.splitlines():
+            parts = line.split("*/")
+            if len(parts) < 2:
+                continue
+            words = parts[1].split()
+            if not words:
+                continue
+            op = words[0] if not words[0].startswith("@") else (words[1] if len(words) > 1 else "")
+            op = op.split(".")[0].rstrip(";")
+            if op:
+                mix[op] = mix.get(op, 0) + 1
+        total = sum(mix.values())
+        info["sass"] = {"instructions": total, "FFMA": mix.get("FFMA", 0), "LDS": mix.get("LDS", 0),
+                        "LDG": mix.get("LDG", 0), "LDGSTS": mix.get("LDGSTS", 0), "STS": mix.get("STS", 0),
+                        "BAR": mix.get("BAR", 0), "ffma_share": round(mix.get("FFMA", 0) / total, 3) if total else None}
+    return info
+
+
+def cold_cli_run(out: Path) -> dict:
+    """`autogen tune sgemm --m 4096 --n 4096 --k 4096` as a new user runs it: default budget,
+    fresh process, empty kernel cache and database."""
+    with tempfile.TemporaryDirectory() as scratch:
+        env = dict(os.environ, AUTOGEN_CACHE_DIR=f"{scratch}/kernels", AUTOGEN_DB=f"sqlite:///{scratch}/t.db")
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "autogen", "tune", "sgemm", "--m", "4096", "--n", "4096",
+                               "--k", "4096", "--json"], env=env, capture_output=True, text=True)
+        wall = time.monotonic() - started
+        (out / "cli_tune_4096.stderr.log").write_text(done.stderr)
+    return {"exit_code": done.returncode, "wall_s": round(wall, 2),
+            "result": json.loads(done.stdout) if done.returncode == 0 else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--trials", type=int, default=16, help="variants measured per shape (default 16)")
+    parser.add_argument("--db", help="tuning database (shapes already tuned there are resumed)")
+    parser.add_argument("--cli-cold-start", action="store_true",
+                        help="also time the default `autogen tune sgemm` at 4096^3 from a cold cache")
+    parser.add_argument("--shapes", help="only these, e.g. 4096x4096x4096,64x64x65536")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from autogen.family import get_family
+    from autogen.report import tune_summary
+    from autogen.tuner import TuneOptions, tune
+
+    started = time.monotonic()
+    report: dict = {}
+    if args.cli_cold_start:
+        report["cli_cold_start"] = cold_cli_run(args.out)
+    peak = fp32_peak_tflops()
+    report["fp32_peak"] = peak
+    db_url = args.db or f"sqlite:///{args.out / 'bench_tuning.db'}"
+    family = get_family("sgemm")
+    shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    rows = []
+    for m, n, k in shapes:
+        problem = family.problem(m=m, n=n, k=k)
+        result = tune(problem, TuneOptions(trials=args.trials, db_url=db_url))
+        doc = tune_summary(result)
+        winner = doc["winner"]
+        if winner is not None:
+            flops = family.flops(problem)
+            winner["pct_of_fp32_peak"] = round(100.0 * winner["tflop_per_s"] / peak["tflop_per_s"], 1)
+            if winner.get("peer_time_us"):
+                peer_tflops = flops / (winner["peer_time_us"] * 1e-6) / 1e12
+                winner["peer_tflop_per_s"] = round(peer_tflops, 3)
+                winner["peer_pct_of_fp32_peak"] = round(100.0 * peer_tflops / peak["tflop_per_s"], 1)
+            try:
+                winner["resources"] = winner_resources(family, problem, winner["params"], args.out)
+            except Exception as exc:  # the report stands without it
+                winner["resources"] = {"error": f"{type(exc).__name__}: {exc}"}
+        rows.append(doc)
+        (args.out / "bench_sgemm.json").write_text(json.dumps({**report, "shapes": rows}, indent=2))
+    report["shapes"] = rows
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    square = [d for d in rows if d["winner"] and d["problem"]["shape"] in
+              ({"m": 4096, "n": 4096, "k": 4096}, {"m": 8192, "n": 8192, "k": 8192})]
+    others = [d for d in rows if d["winner"] and d not in square]
+    report["targets"] = {
+        "square_at_least_90pct_of_cublas": {
+            "x".join(map(str, d["problem"]["shape"].values())): d["winner"].get("speedup_vs_peer") for d in square},
+        "other_shapes_at_or_above_cublas": sum(1 for d in others if (d["winner"].get("speedup_vs_peer") or 0) >= 1.0),
+        "other_shapes_needed": 3,
+    }
+    (args.out / "bench_sgemm.json").write_text(json.dumps(report, indent=2))
+
+    if "cli_cold_start" in report:
+        print(f"\ncold-start `autogen tune sgemm --m 4096 --n 4096 --k 4096` (60 trials): "
+              f"{report['cli_cold_start']['wall_s']} s, exit {report['cli_cold_start']['exit_code']}")
+    print(f"\nmeasured FP32 FMA peak on {peak['gpu']}: {peak['tflop_per_s']} TFLOP/s; whole run {report['wall_s']} s")
+    print(f"{'shape':>18} {'kernel':<64} {'us':>9} {'TFLOP/s':>7} {'%peak':>5} {'cuBLAS us':>9} "
+          f"{'TFLOP/s':>7} {'%peak':>5} {'speedup':>7} {'regs':>4} {'tune s':>6}")
+    for doc in rows:
+        w = doc["winner"] or {}
+        shape = "x".join(str(v) for v in doc["problem"]["shape"].values())
+        print(f"{shape:>18} {w.get('kernel', '-'):<64} {w.get('time_us', 0):>9.2f} {w.get('tflop_per_s') or 0:>7.2f} "
+              f"{w.get('pct_of_fp32_peak') or 0:>5.1f} {w.get('peer_time_us') or 0:>9.2f} "
+              f"{w.get('peer_tflop_per_s') or 0:>7.2f} {w.get('peer_pct_of_fp32_peak') or 0:>5.1f} "
+              f"{w.get('speedup_vs_peer') or 0:>7.3f} {w.get('resources', {}).get('registers', 0):>4} {doc['wall_s']:>6.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
