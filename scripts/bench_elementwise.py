@@ -11,6 +11,10 @@ during capture safe): L calls rotating over the same number of cold input sets a
 (together over 4x L2), captured once, replayed 7 times, each replay timed with CUDA events, the
 median per call. torch.compile is warmed up (compiled, autotuned) outside capture.
 
+Budget: 27 problems, each a tune (a fresh GPU worker: CuPy and torch imports, ~5 s, then the
+trials) plus the torch peers; about 5 minutes on an H100 with the defaults. --only and --sizes
+split it; --no-compile skips Inductor.
+
 Targets on an H100: >= 95% of the copy bandwidth at 2^24 and 2^28, >= 1.0x F.gelu everywhere,
 bias_mask_scale_add >= 2.5x torch eager and >= 1.0x torch.compile.
 """
@@ -42,18 +46,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON and logs")
     parser.add_argument("--db", help="database URL for the winners (default: sqlite in --out)")
-    parser.add_argument("--trials", type=int, default=12, help="variants measured per problem (default 12)")
+    parser.add_argument("--trials", type=int, default=10, help="variants measured per problem (default 10)")
     parser.add_argument("--timeout", type=float, help="stop each problem's search after this many seconds")
     parser.add_argument("--only", choices=["gelu", "bias_mask_scale_add"], help="benchmark one family only")
     parser.add_argument("--sizes", help="comma list of n to run (default 2^20,2^24,2^28)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    parser.add_argument("--compile-static", action="store_true",
+                        help="torch.compile with dynamic=False: one compile per size (slower to run)")
     return parser.parse_args(argv)
 
 
 # -- torch peers in torch's CUDA graphs -------------------------------------------------------------
 
 
-def torch_functions(torch, family: str, approximate: str | None, dtype: str, compile_cache: dict, use_compile: bool):
+def torch_functions(torch, family: str, approximate: str | None, dtype: str, compile_cache: dict, use_compile: bool,
+                    static: bool = False):
     """(eager, compiled or None) taking the tensors of one input set and returning the result."""
     F = torch.nn.functional
     if family == "gelu":
@@ -69,10 +76,11 @@ def torch_functions(torch, family: str, approximate: str | None, dtype: str, com
     if use_compile:
         key = (family, approximate, dtype)
         if key not in compile_cache:
-            # One compiled function per expression and dtype; each size is a recompile
-            # (dynamic=False: static shapes, Inductor's best pointwise kernels), three per function,
-            # within dynamo's recompile limit.
-            compile_cache[key] = torch.compile(eager, dynamic=False)
+            # One compiled function per expression and dtype. dynamic=True (the default here): one
+            # compile serves every size (Triton still specializes its launch on the sizes'
+            # divisibility by 16); --compile-static: dynamic=False, a compile per size (three per
+            # function, within dynamo's recompile limit) for fully static kernels.
+            compile_cache[key] = torch.compile(eager, dynamic=not static)
         compiled = compile_cache[key]
     return eager, compiled
 
@@ -161,7 +169,7 @@ def check_peer_output(torch, family, problem, fn, inputs, tensors) -> float:
     return math.inf if reason else error
 
 
-def time_torch_peers(problem, family, use_compile: bool, compile_cache: dict) -> dict:
+def time_torch_peers(problem, family, use_compile: bool, compile_cache: dict, static: bool = False) -> dict:
     """Time the torch peers of one problem; every failure is reported, never raised."""
     result: dict = {}
     try:
@@ -177,7 +185,7 @@ def time_torch_peers(problem, family, use_compile: bool, compile_cache: dict) ->
     sets, tensors = torch_input_sets(torch, family, problem, cupy, device_identity().l2_bytes)
     result["input_sets"] = len(sets)
     eager, compiled = torch_functions(torch, problem.family, problem.shape.get("approximate"), problem.dtype,
-                                      compile_cache, use_compile)
+                                      compile_cache, use_compile, static)
     for label, fn in (("eager", eager), ("compile", compiled)):
         if fn is None:
             continue
@@ -284,7 +292,7 @@ def main(argv=None) -> int:
         result = tune(problem, TuneOptions(trials=args.trials, timeout_s=args.timeout, db_url=db_url))
         doc = tune_summary(result)
         tuned_s = time.monotonic() - started
-        doc["torch"] = time_torch_peers(problem, family, not args.no_compile, compile_cache)
+        doc["torch"] = time_torch_peers(problem, family, not args.no_compile, compile_cache, args.compile_static)
         doc["summary"] = summarize(doc)
         doc["bench_wall_s"] = {"tune": round(tuned_s, 1), "torch": round(time.monotonic() - started - tuned_s, 1)}
         rows.append(doc)
