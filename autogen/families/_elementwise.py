@@ -1,0 +1,168 @@
+"""What the elementwise families (gelu, bias_mask_scale_add) share: the search space, the launch
+geometry, per-dtype tolerances and the float64 erf. Registers no family (a private module).
+
+Geometry. A thread handles `elements_per_thread` (EPT) elements per step, as EPT / vector_width
+packs of vector_width elements, consecutive threads on consecutive packs (each of its loads
+coalesced across the warp). A block covers block_size * EPT elements per step. one_pass: the grid
+covers n in one step, ceil(n / (block_size * EPT)) blocks. grid_stride: at most one wave of
+resident blocks, each thread striding over the rest. The scalar path (taken where a pointer is not
+aligned to the pack) covers the same elements with EPT single-element loads per thread and step,
+so the grid is the same for both paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..errors import GpuUnavailableError
+from ..problem import Config, Problem
+from ..space import Param, Space
+
+# Resident-thread capacity where no GPU is visible (CPU tests, planning off-device): the H100
+# SXM's 132 SMs x 2048 threads. Any grid is correct; on a GPU the device's own figures are used.
+FALLBACK_SM_COUNT = 132
+FALLBACK_THREADS_PER_SM = 2048
+
+# Relative L2 error allowed per dtype (against the float64 result of the inputs as stored).
+# float32: the kernels compute in fp32 (accurate erff, __expf with one division for the tanh
+# form): ~1e-7. float16: rounding the output alone gives ~2e-4 (2^-11 relative at most per
+# element); fp16x2 arithmetic with tanh.approx.f16x2 ~3e-4 (simulated): 1e-3 leaves 3x. bfloat16:
+# rounding the output gives ~1.3e-3 to 1.8e-3 (2^-8 at most per element), bf16x2 arithmetic
+# ~1.9e-3 (the scale rounded to bf16 included): 5e-3 leaves 2.5x. A wrong bias index, mask or
+# tail is an error of order 1.
+TOLERANCES = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 5e-3}
+DTYPES = ("float32", "float16", "bfloat16")
+
+HALF_TYPES = ("float16", "bfloat16")
+
+
+def _packs_in_flight(p) -> str | None:
+    ept, vw = p["elements_per_thread"], p["vector_width"]
+    if ept % vw:
+        return f"elements_per_thread={ept} is not a multiple of vector_width={vw}"
+    if ept // vw > 4:
+        return f"elements_per_thread={ept} is {ept // vw} packs of {vw}: more than 4 loads in flight per input"
+    return None
+
+
+def make_space(max_ept: int) -> Space:
+    """The parameters of both families; `max_ept` bounds the elements a thread holds per step (the
+    kernels get up to 64 registers: __launch_bounds__(block, 1024 / block); the scalar path holds
+    elements_per_thread loads in flight, each with its own address)."""
+    return Space(
+        params=(
+            Param("vector_width", (1, 2, 4, 8), "vw",
+                  "elements per access: 16-byte accesses at 4 (fp32) or 8 (fp16, bf16); fp32 at 8 is two"),
+            Param("elements_per_thread", tuple(e for e in (1, 2, 4, 8, 16) if e <= max_ept), "ept",
+                  "elements per thread and step: elements_per_thread / vector_width loads in flight per input"),
+            Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
+            Param("loop", ("grid_stride", "one_pass"), "l",
+                  "one wave of resident blocks striding over n, or one block per block_size * ept elements"),
+            Param("math", ("float", "half2"), "m",
+                  "half types: arithmetic in fp32, or two halves per instruction (fp16x2 / bf16x2)"),
+        ),
+        constraints=(_packs_in_flight,),
+    )
+
+
+DEFAULT_PARAMS = {"vector_width": 8, "elements_per_thread": 8, "block_size": 256, "loop": "grid_stride",
+                  "math": "float"}
+
+
+@functools.lru_cache(maxsize=1)
+def resident_capacity() -> tuple[int, int]:
+    """(SM count, resident threads per SM) of the current device; the H100 figures off-GPU."""
+    try:
+        from ..gpu import require_cupy
+        runtime = require_cupy().cuda.runtime
+    except GpuUnavailableError:
+        return FALLBACK_SM_COUNT, FALLBACK_THREADS_PER_SM
+    props = runtime.getDeviceProperties(runtime.getDevice())
+    return int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
+
+
+def grid_blocks(n: int, config: Config) -> int:
+    """The blocks of one launch; the host launchers compute the same (elementwise.cuh.j2)."""
+    block, ept = config["block_size"], config["elements_per_thread"]
+    wanted = -(-n // (block * ept))
+    if config["loop"] == "one_pass":
+        return wanted
+    sm_count, threads_per_sm = resident_capacity()
+    return max(1, min(wanted, sm_count * max(1, threads_per_sm // block)))
+
+
+def reject_reason(problem: Problem, config: Config) -> str | None:
+    """Shape- and dtype-based pruning shared by both families (see their own additions)."""
+    n = problem["n"]
+    if config["math"] == "half2" and problem.dtype not in HALF_TYPES:
+        return "math=half2 applies to fp16 and bf16 only (fp32 variants render the same code)"
+    if config["vector_width"] > 1 and config["vector_width"] > n:
+        return f"vector_width={config['vector_width']} exceeds n={n}: every element takes the scalar path"
+    per_block = config["block_size"] * config["elements_per_thread"]
+    if config["block_size"] > 128 and per_block > 2 * n:
+        return f"block_size*elements_per_thread={per_block} covers over twice n={n}"
+    if config["loop"] == "grid_stride" and grid_blocks(n, config) == -(-n // per_block):
+        return "the grid covers n in one step: grid_stride is the same launch as one_pass"
+    return None
+
+
+def tolerance(problem: Problem) -> float:
+    return TOLERANCES[problem.dtype]
+
+
+def offset_view(xp, array, offset: int):
+    """`array` copied into a buffer `offset` elements longer and returned as the view past them:
+    the data start off the 16-byte alignment of allocations (for offset 1), so vector paths must
+    fall back to their scalar path."""
+    if not offset:
+        return array
+    buffer = xp.empty((array.size + offset,), dtype=array.dtype)
+    view = buffer[offset:]
+    view[...] = array
+    return view
+
+
+# -- float64 erf for the references (NumPy has none; SciPy is not a dependency) ------------------
+
+_erf_numpy = np.frompyfunc(math.erf, 1, 1)
+
+
+@functools.lru_cache(maxsize=1)
+def _erf_kernel(cupy):
+    # CUDA's double-precision erf (at most 2 ulp), as an elementwise kernel.
+    return cupy.ElementwiseKernel("float64 x", "float64 y", "y = erf(x)", "autogen_reference_erf64")
+
+
+def erf64(xp, values):
+    """erf of float64 values, with NumPy (math.erf per element) or CuPy (CUDA's erf)."""
+    if xp is np:
+        return _erf_numpy(values).astype(np.float64) if values.size else values.astype(np.float64)
+    return _erf_kernel(xp)(values)
+
+
+# -- operands of the Python calls -----------------------------------------------------------------
+
+def flat_operand(cupy, obj, name: str, dtypes: tuple[str, ...], device: int, bool_as_uint8: bool = False):
+    """A 1-D CuPy view of a contiguous CUDA array of any rank (checked by family.device_array:
+    dtype, layout, device). A torch bfloat16 tensor is handed over as its uint16 bit patterns
+    here (torch's __cuda_array_interface__ has no bfloat16); with bool_as_uint8, a bool array as
+    its bytes (0 or 1)."""
+    import sys
+
+    from ..family import device_array
+
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.dtype == torch.bfloat16:
+            obj = obj.view(torch.uint16)
+        elif bool_as_uint8 and obj.dtype == torch.bool:
+            obj = obj.view(torch.uint8)
+    elif bool_as_uint8 and type(obj) is cupy.ndarray and obj.dtype == cupy.bool_:
+        obj = obj.view(cupy.uint8)
+    shape = getattr(obj, "shape", None)
+    ndim = len(shape) if shape is not None else 1
+    array = device_array(cupy, obj, name, dtypes, ndim, device)
+    return array.reshape(-1)

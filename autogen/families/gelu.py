@@ -1,0 +1,212 @@
+"""GELU: y = gelu(x) over a contiguous array of any length n >= 1, fp32, fp16 or bf16, in the tanh
+form or the exact erf form (`approximate`, as torch.nn.functional.gelu names them).
+Template: templates/gelu.cu.j2 (shared pieces in templates/elementwise.cuh.j2 and _elementwise.py).
+
+The form is a trait of the problem (it joins the database key; the CLI takes --approximate), and
+reaches the kernel as an argument: a template is rendered from (dtype, config) only, so every
+variant holds both loops and picks one per launch. A variant tuned for one form is therefore
+also a correct kernel for the other (the dispatcher's nearest-shape fallback and warm starts may
+cross forms safely).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..dtypes import DTYPES, to_float64, to_storage
+from ..errors import ArgumentError
+from ..family import Family, Launch, Peer, Step, Trait, dtype_name, new_output, register
+from ..problem import Config, Problem
+from . import _elementwise as ew
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+KAPPA = 0.044715
+
+# The tails case: uniform in [-12, 12), and a tenth of the elements with magnitudes log-uniform in
+# [10, 1000] (both signs): x^3 and exp overflow there in some arithmetic, the limits x and 0 must
+# come out. Within fp16's range (65504).
+TAILS_RANGE = 12.0
+FAR_FRACTION = 0.1
+FAR_LOG10 = (1.0, 3.0)
+UNIFORM_RANGE = 4.0  # the uniform case (and the timing case): [-4, 4), the curved part of GELU
+
+
+def _parse_approximate(text: str) -> str:
+    return text.strip().lower()
+
+
+@register
+class Gelu(Family):
+    name = "gelu"
+    template = "gelu.cu.j2"
+    selftest_template = "export/selftest_gelu.cu.j2"
+    api = "gelu"
+    dims = ("n",)
+    traits = (Trait("approximate", ("tanh", "none"),
+                    "GELU form as torch.nn.functional.gelu: tanh (the tanh approximation) or none (exact, erf)",
+                    _parse_approximate),)
+    dtypes = ew.DTYPES
+    # 32 elements per thread and step spill in the scalar path (nvcc -Xptxas -v, sm_80 and sm_90).
+    space = ew.make_space(max_ept=16)
+    default_params = ew.DEFAULT_PARAMS
+    outputs = ("y",)
+    # x and y hold float, fp16 or bf16 bit patterns as the kernel name's dtype tag says; approximate
+    # is 1 for the tanh form, 0 for the erf form.
+    c_params = "const void* x, void* y, int n, int approximate"
+    tolerance = ew.TOLERANCES["float32"]
+    roofline = "memory"
+    description = "y = gelu(x), tanh or exact (erf) form, fp32, fp16 or bf16, any length"
+
+    def tolerance_for(self, problem: Problem) -> float:
+        return ew.tolerance(problem)
+
+    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False) -> dict:
+        return {**super().template_vars(dtype, config, host_launcher), "constants": pack_constants(dtype)}
+
+    # --- geometry -------------------------------------------------------------------------
+    def launch(self, problem: Problem, config: Config) -> Launch:
+        return Launch(grid=(ew.grid_blocks(problem["n"], config), 1, 1), block=(config["block_size"], 1, 1))
+
+    def plan(self, problem: Problem, config: Config) -> list[Step]:
+        n, form = np.int32(problem["n"]), np.int32(problem["approximate"] == "tanh")
+
+        def args(inputs: dict) -> tuple:
+            return (inputs["x"], inputs["y"], n, form)
+
+        return [Step("", self.launch(problem, config), args)]
+
+    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
+        return (inputs["x"], inputs["y"], np.int32(problem["n"]), np.int32(problem["approximate"] == "tanh"))
+
+    def reject_reason(self, problem: Problem, config: Config) -> str | None:
+        if config["math"] == "half2" and problem["approximate"] == "none":
+            return "math=half2 changes the tanh form only: the erf form computes in fp32 (no half erf)"
+        return ew.reject_reason(problem, config)
+
+    # --- data -----------------------------------------------------------------------------
+    def validation_cases(self, problem: Problem) -> list[dict]:
+        # Offset 1: x and y one element past an aligned address, so vector variants take their
+        # scalar path (and an alignment check that looked at one pointer only would fault or fail).
+        return [{"values": "uniform", "offset": 0}, {"values": "tails", "offset": 0},
+                {"values": "uniform", "offset": 1}]
+
+    def timing_case(self, problem: Problem) -> dict:
+        return {"values": "uniform", "offset": 0}
+
+    def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
+        n, dtype = problem["n"], problem.dtype
+        x = gelu_inputs(xp, rng, n, case["values"])
+        offset = case.get("offset", 0)
+        y = xp.full((n,), xp.nan, dtype=xp.float32)
+        return {"x": ew.offset_view(xp, to_storage(xp, x, dtype), offset),
+                "y": ew.offset_view(xp, to_storage(xp, y, dtype), offset)}
+
+    def reference(self, problem: Problem, inputs: dict, xp=np):
+        return gelu_reference(xp, to_float64(xp, inputs["x"], problem.dtype), problem["approximate"])
+
+    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
+        return 2 * problem["n"] * DTYPES[problem.dtype].itemsize
+
+    def flops(self, problem: Problem) -> int:
+        return 8 * problem["n"]  # about: the polynomial, the exp or erf, the product
+
+    # --- peers ----------------------------------------------------------------------------
+    def peer(self, problem: Problem) -> Peer | None:
+        """torch's gelu writing into the inputs' own y (the out= form of aten::gelu: no
+        allocation, so it is safe inside CuPy's stream capture), on the capturing stream. A
+        warm-up outside capture picks the out= form that this torch accepts and checks it against
+        torch.nn.functional.gelu. F.gelu itself allocates its result: scripts/bench_elementwise.py
+        times it, and torch.compile, in torch's own CUDA graphs."""
+        from ..peers import torch_cuda, torch_stream_peer
+        torch = torch_cuda()
+        if torch is None:
+            return None
+        approximate = problem["approximate"]
+        gelu_into = torch_gelu_out(torch, problem.dtype, approximate)
+        return torch_stream_peer(f"torch gelu (approximate={approximate!r}, out=)",
+                                 {"x": problem.dtype, "y": problem.dtype}, lambda t: gelu_into(t["x"], t["y"]))
+
+    # --- calls from Python ----------------------------------------------------------------
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict):
+        """autogen.gelu(x, approximate="tanh", out=None) -> gelu(x) (x's dtype and shape; any
+        contiguous CUDA array of fp32, fp16 or bf16). approximate: "tanh" or "none" (erf)."""
+        x, approximate, out = _gelu_arguments(*args, **kwargs)
+        xv = ew.flat_operand(cupy, x, "x", self.dtypes, device)
+        dtype = dtype_name(xv)
+        if out is None:
+            out = new_output(cupy, x, tuple(x.shape), dtype)
+        outv = ew.flat_operand(cupy, out, "out", (dtype,), device)
+        if outv.shape != xv.shape or tuple(out.shape) != tuple(x.shape):
+            raise ArgumentError(f"out has shape {tuple(out.shape)}, but x has {tuple(x.shape)}")
+        if xv.size == 0:
+            raise ArgumentError("x is empty: gelu needs at least one element")
+        return self._problem_of(dtype, xv.size, approximate), {"x": xv, "y": outv}, out
+
+    @functools.lru_cache(maxsize=1024)
+    def _problem_of(self, dtype: str, n: int, approximate: str) -> Problem:
+        # Cached: a dispatched call on a known shape should cost a lookup, not a validation.
+        return self.problem(dtype, n=n, approximate=approximate)
+
+
+def _gelu_arguments(x, approximate="tanh", out=None):
+    if not isinstance(approximate, str):
+        raise ArgumentError(f"approximate must be 'tanh' or 'none', not {approximate!r}")
+    return x, approximate, out
+
+
+def gelu_inputs(xp, rng, n: int, values: str):
+    """float32 inputs of a case: uniform in [-4, 4), or the tails (see TAILS_RANGE)."""
+    u = rng.random((n,), dtype=xp.float32)
+    if values == "uniform":
+        return (u - xp.float32(0.5)) * xp.float32(2 * UNIFORM_RANGE)
+    x = (u - xp.float32(0.5)) * xp.float32(2 * TAILS_RANGE)
+    far = rng.random((n,), dtype=xp.float32) < xp.float32(FAR_FRACTION)
+    low, high = FAR_LOG10
+    magnitude = xp.float32(10.0) ** (xp.float32(low) + xp.float32(high - low) * rng.random((n,), dtype=xp.float32))
+    return xp.where(far, xp.where(x < 0, -magnitude, magnitude), x).astype(xp.float32)
+
+
+def gelu_reference(xp, x, approximate: str):
+    """GELU of float64 values."""
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + xp.tanh(SQRT_2_OVER_PI * (x + KAPPA * x * x * x)))
+    return 0.5 * x * (1.0 + ew.erf64(xp, x * (1.0 / math.sqrt(2.0))))
+
+
+def pack_constants(dtype: str) -> dict:
+    """The constants of the packed tanh form, as two copies of the dtype's bit pattern in one
+    word (C hex literals): k0 = sqrt(2/pi), k0k1 = sqrt(2/pi) * 0.044715, half = 0.5."""
+    if dtype not in ew.HALF_TYPES:
+        return {}
+    values = np.array([SQRT_2_OVER_PI, SQRT_2_OVER_PI * KAPPA, 0.5], dtype=np.float32)
+    bits = to_storage(np, values, dtype).view(np.uint16).astype(np.uint32)
+    words = (bits << 16) | bits
+    return {name: f"0x{int(w):08x}" for name, w in zip(("k0", "k0k1", "half"), words)}
+
+
+def torch_gelu_out(torch, dtype: str, approximate: str):
+    """torch's gelu writing into a given tensor, checked against F.gelu (and its kernel loaded)
+    outside capture: torch._C._nn.gelu(x, approximate=, out=), else aten::gelu.out."""
+    sample = (torch.rand(4099, device="cuda") * 8 - 4).to(getattr(torch, dtype))
+    out = torch.empty_like(sample)
+    candidates = (
+        ("torch._C._nn.gelu(out=)", lambda x, y: torch._C._nn.gelu(x, approximate=approximate, out=y)),
+        ("aten.gelu.out", lambda x, y: torch.ops.aten.gelu.out(x, approximate=approximate, out=y)),
+    )
+    expected = torch.nn.functional.gelu(sample, approximate=approximate).float()
+    failures = []
+    for label, call in candidates:
+        try:
+            call(sample, out)
+            torch.cuda.synchronize()
+        except (TypeError, RuntimeError, AttributeError) as exc:
+            failures.append(f"{label}: {exc}")
+            continue
+        if torch.allclose(out.float(), expected, rtol=1e-2, atol=1e-2):
+            return call
+        failures.append(f"{label}: differs from torch.nn.functional.gelu")
+    raise RuntimeError("torch offers no gelu with out=: " + "; ".join(failures))
+

@@ -1,0 +1,319 @@
+"""The gelu and bias_mask_scale_add benchmark: tune each problem (cold cache, CUDA-graph timing,
+medians), then time the PyTorch peers of the same problem in the same run by the same method:
+torch eager (F.gelu; the composed (x + bias) * mask * scale + addend) and torch.compile (Inductor)
+of the same expression. Writes bench_elementwise.json and prints a table last.
+
+Peers and graphs. The tuner times each winner in CuPy's CUDA graphs, and its family peer there
+too (torch's out= forms, which allocate nothing). F.gelu, the composed expression and compiled
+code allocate their results and temporaries, which is unsafe inside CuPy's capture; they are timed
+here in torch's own CUDA graphs (torch.cuda.CUDAGraph, whose private memory pool makes allocation
+during capture safe): L calls rotating over the same number of cold input sets as the tuner uses
+(together over 4x L2), captured once, replayed 7 times, each replay timed with CUDA events, the
+median per call. torch.compile is warmed up (compiled, autotuned) outside capture.
+
+Budget: 27 problems, each a tune (a fresh GPU worker: CuPy and torch imports, ~5 s, then the
+trials) plus the torch peers; about 5 minutes on an H100 with the defaults. --only and --sizes
+split it; --no-compile skips Inductor.
+
+Targets on an H100: >= 95% of the copy bandwidth at 2^24 and 2^28, >= 1.0x F.gelu everywhere,
+bias_mask_scale_add >= 2.5x torch eager and >= 1.0x torch.compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SIZES = (2**20, 2**24, 2**28)
+DTYPES = ("float32", "float16", "bfloat16")
+BIAS_SIZE = 4096
+REPLAYS = 7
+TARGET_REPLAY_US = 2000.0
+MAX_CALLS = 2000
+
+PROBLEMS = [
+    *[("gelu", dtype, {"n": n, "approximate": form}) for dtype in DTYPES for form in ("tanh", "none") for n in SIZES],
+    *[("bias_mask_scale_add", dtype, {"n": n, "bias_size": BIAS_SIZE}) for dtype in DTYPES for n in SIZES],
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON and logs")
+    parser.add_argument("--db", help="database URL for the winners (default: sqlite in --out)")
+    parser.add_argument("--trials", type=int, default=10, help="variants measured per problem (default 10)")
+    parser.add_argument("--timeout", type=float, help="stop each problem's search after this many seconds")
+    parser.add_argument("--only", choices=["gelu", "bias_mask_scale_add"], help="benchmark one family only")
+    parser.add_argument("--sizes", help="comma list of n to run (default 2^20,2^24,2^28)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    parser.add_argument("--compile-static", action="store_true",
+                        help="torch.compile with dynamic=False: one compile per size (slower to run)")
+    return parser.parse_args(argv)
+
+
+# -- torch peers in torch's CUDA graphs -------------------------------------------------------------
+
+
+def torch_functions(torch, family: str, approximate: str | None, dtype: str, compile_cache: dict, use_compile: bool,
+                    static: bool = False):
+    """(eager, compiled or None) taking the tensors of one input set and returning the result."""
+    F = torch.nn.functional
+    if family == "gelu":
+        def eager(t):
+            return F.gelu(t["x"], approximate=approximate)
+    else:
+        def eager(t):
+            # As a user writes it: bias broadcast over rows of bias_size, uint8 mask (the result
+            # stays in x's dtype), temporaries allocated by each operation.
+            return ((t["x"].view(-1, t["bias"].numel()) + t["bias"]) * t["mask"].view(-1, t["bias"].numel())
+                    * t["scale"] + t["addend"].view(-1, t["bias"].numel()))
+    compiled = None
+    if use_compile:
+        key = (family, approximate, dtype)
+        if key not in compile_cache:
+            # One compiled function per expression and dtype. dynamic=True (the default here): one
+            # compile serves every size (Triton still specializes its launch on the sizes'
+            # divisibility by 16); --compile-static: dynamic=False, a compile per size (three per
+            # function, within dynamo's recompile limit) for fully static kernels.
+            compile_cache[key] = torch.compile(eager, dynamic=not static)
+        compiled = compile_cache[key]
+    return eager, compiled
+
+
+def torch_input_sets(torch, family, problem, cupy, l2_bytes: int):
+    """The tuner's timing inputs (same case, same number of cold sets), as torch tensors."""
+    from autogen.measure import timing_sets
+    from autogen.peers import as_tensor
+
+    free, _total = cupy.cuda.runtime.memGetInfo()
+    rng = cupy.random.default_rng(1)
+    # Room for the results and temporaries of the expression under capture: a quarter of free memory.
+    sets = timing_sets(family, problem, cupy, rng, True, l2_bytes, free // 2)
+    dtypes = {"x": problem.dtype, "y": problem.dtype}
+    if problem.family == "bias_mask_scale_add":
+        dtypes.update(bias=problem.dtype, addend=problem.dtype, mask="uint8")
+    tensors = []
+    for inputs in sets:
+        t = {key: as_tensor(torch, inputs[key], dtype) for key, dtype in dtypes.items()}
+        if "scale" in inputs:
+            t["scale"] = float(inputs["scale"])
+        tensors.append(t)
+    return sets, tensors
+
+
+def graph_time_us(torch, fn, tensor_sets) -> tuple[float, float]:
+    """(median us per call, spread) of fn over rotating sets, timed in torch CUDA graphs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch's graph docs ask
+        for t in tensor_sets[:2]:
+            fn(t)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+
+    def capture(calls: int):
+        graph = torch.cuda.CUDAGraph()
+        outputs = []
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                outputs.append(fn(tensor_sets[i % len(tensor_sets)]))
+                if len(outputs) > 2:
+                    outputs.pop(0)  # freed results are reused from the graph's pool
+        outputs.clear()
+        graph.replay()
+        torch.cuda.synchronize()
+        return graph
+
+    def replay_us(graph, calls: int) -> float:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) * 1000.0 / calls
+
+    sets = len(tensor_sets)
+    probe_calls = max(sets, 8)
+    probe = capture(probe_calls)
+    estimate = min(replay_us(probe, probe_calls) for _ in range(2))
+    del probe
+    calls = max(sets, min(MAX_CALLS, math.ceil(TARGET_REPLAY_US / max(estimate, 0.5))))
+    calls = math.ceil(calls / sets) * sets
+    graph = capture(calls)
+    samples = [replay_us(graph, calls) for _ in range(REPLAYS)]
+    del graph
+    return statistics.median(samples), max(samples) - min(samples)
+
+
+def check_peer_output(torch, family, problem, fn, inputs, tensors) -> float:
+    """Relative L2 error of a peer's result against the float64 reference (peers are checked too)."""
+    import cupy
+
+    from autogen.measure import relative_error
+
+    result = fn(tensors).reshape(-1)
+    if problem.dtype == "bfloat16":
+        result = result.view(torch.uint16)
+    expected = family.reference(problem, inputs, cupy)
+    magnitude = family.reference_magnitude(problem, inputs, cupy)
+    values = cupy.asarray(result)
+    if problem.dtype == "bfloat16":
+        from autogen.dtypes import to_float64
+        values = to_float64(cupy, values, "bfloat16")
+    error, reason = relative_error(cupy, values, expected, magnitude)
+    return math.inf if reason else error
+
+
+def time_torch_peers(problem, family, use_compile: bool, compile_cache: dict, static: bool = False) -> dict:
+    """Time the torch peers of one problem; every failure is reported, never raised."""
+    result: dict = {}
+    try:
+        import torch
+    except ImportError:
+        return {"unavailable": "PyTorch is not importable"}
+    if not torch.cuda.is_available():
+        return {"unavailable": "torch sees no CUDA device"}
+    import cupy
+
+    from autogen.gpu import device_identity
+
+    sets, tensors = torch_input_sets(torch, family, problem, cupy, device_identity().l2_bytes)
+    result["input_sets"] = len(sets)
+    eager, compiled = torch_functions(torch, problem.family, problem.shape.get("approximate"), problem.dtype,
+                                      compile_cache, use_compile, static)
+    for label, fn in (("eager", eager), ("compile", compiled)):
+        if fn is None:
+            continue
+        started = time.monotonic()
+        try:
+            error = check_peer_output(torch, family, problem, fn, sets[0], tensors[0])  # compiles, autotunes
+            median, spread = graph_time_us(torch, fn, tensors)
+            result[label] = {"time_us": round(median, 4), "spread_us": round(spread, 4), "error": error,
+                             "wall_s": round(time.monotonic() - started, 1)}
+        except Exception as exc:  # report and go on: one peer failing must not end the benchmark
+            result[label] = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+    del sets, tensors
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    cupy.get_default_memory_pool().free_all_blocks()
+    return result
+
+
+def parse_size(text: str) -> int:
+    """"2^20" or "1048576"."""
+    text = text.strip()
+    if text.startswith("2^"):
+        return 2 ** int(text[2:])
+    return int(text)
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def label_of(doc: dict) -> str:
+    p = doc["problem"]
+    shape = p["shape"]
+    name = "gelu" if p["family"] == "gelu" else "bmsa"
+    extra = f" {shape['approximate']}" if "approximate" in shape else ""
+    return f"{name}{extra} {p['dtype'].replace('float', 'f')} 2^{int(math.log2(shape['n']))}"
+
+
+def summarize(doc: dict) -> dict:
+    """Speedups and targets of one problem."""
+    w = doc.get("winner") or {}
+    ours = w.get("time_us")
+    peers = doc.get("torch", {})
+    out = {"ours_us": ours, "gb_per_s": w.get("gb_per_s"), "pct_copy": w.get("pct_of_floor"),
+           "family_peer": w.get("peer"), "family_peer_speedup": w.get("speedup_vs_peer")}
+    for label in ("eager", "compile"):
+        t = peers.get(label, {}).get("time_us")
+        out[f"{label}_us"] = t
+        out[f"{label}_speedup"] = round(t / ours, 3) if t and ours else None
+        if t and doc.get("bytes_moved"):
+            out[f"{label}_gb_per_s"] = round(doc["bytes_moved"] / (t * 1e-6) / 1e9, 1)
+    family, n = doc["problem"]["family"], doc["problem"]["shape"]["n"]
+    targets = {}
+    if ours is not None and n >= 2**24:
+        targets["95pct_copy"] = (w.get("pct_of_floor") or 0) >= 95.0
+    if family == "gelu" and out["eager_speedup"] is not None:
+        targets["vs_F.gelu>=1.0"] = out["eager_speedup"] >= 1.0
+    if family == "bias_mask_scale_add":
+        if out["eager_speedup"] is not None:
+            targets["vs_eager>=2.5"] = out["eager_speedup"] >= 2.5
+        if out["compile_speedup"] is not None:
+            targets["vs_compile>=1.0"] = out["compile_speedup"] >= 1.0
+    out["targets"] = targets
+    return out
+
+
+def row_text(doc: dict) -> str:
+    s = doc["summary"]
+    if s["ours_us"] is None:
+        return f"{label_of(doc):<22} no variant passed validation"
+
+    def num(value, fmt):
+        return format(value, fmt) if value is not None else f"{'-':>{len(format(1.0, fmt))}}"
+
+    missed = [k for k, ok in s["targets"].items() if not ok]
+    return (f"{label_of(doc):<22} {s['ours_us']:>9.2f} {num(s['gb_per_s'], '7.0f')} {num(s['pct_copy'], '6.1f')} "
+            f"{num(s['eager_us'], '9.2f')} {num(s['eager_speedup'], '6.2f')} {num(s['compile_us'], '9.2f')} "
+            f"{num(s['compile_speedup'], '6.2f')} {num(s['family_peer_speedup'], '6.2f')}  "
+            f"{'ok' if not missed else 'MISS ' + ','.join(missed)}  {doc['winner']['kernel']}")
+
+
+HEADER = (f"{'problem':<22} {'us':>9} {'GB/s':>7} {'%copy':>6} {'eager us':>9} {'x eag':>6} {'compile':>9} "
+          f"{'x comp':>6} {'x out=':>6}  targets  kernel")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    from autogen.family import get_family
+    from autogen.report import tune_summary
+    from autogen.tuner import TuneOptions, tune
+
+    db_url = args.db or f"sqlite:///{args.out / 'bench_elementwise.db'}"
+    sizes = tuple(parse_size(text) for text in args.sizes.split(",")) if args.sizes else SIZES
+    compile_cache: dict = {}
+    rows = []
+    started_all = time.monotonic()
+    for family_name, dtype, dims in PROBLEMS:
+        if (args.only and family_name != args.only) or dims["n"] not in sizes:
+            continue
+        family = get_family(family_name)
+        problem = family.problem(dtype, **dims)
+        started = time.monotonic()
+        result = tune(problem, TuneOptions(trials=args.trials, timeout_s=args.timeout, db_url=db_url))
+        doc = tune_summary(result)
+        tuned_s = time.monotonic() - started
+        doc["torch"] = time_torch_peers(problem, family, not args.no_compile, compile_cache, args.compile_static)
+        doc["summary"] = summarize(doc)
+        doc["bench_wall_s"] = {"tune": round(tuned_s, 1), "torch": round(time.monotonic() - started - tuned_s, 1)}
+        rows.append(doc)
+        # Written after every problem: a run cut short keeps what it measured.
+        (args.out / "bench_elementwise.json").write_text(json.dumps({"problems": rows}, indent=2, default=str))
+        print(row_text(doc) if doc["winner"] else f"{label_of(doc)}: no winner", file=sys.stderr, flush=True)
+
+    copy = next((d["copy_bandwidth_gb_per_s"] for d in rows if d.get("copy_bandwidth_gb_per_s")), None)
+    gpu = rows[0]["gpu"] if rows else "?"
+    print(f"\n{gpu}, copy bandwidth {copy} GB/s (read + write), cold input sets, CUDA-graph medians; "
+          f"x eag/x comp/x out=: speedup over torch eager, torch.compile (torch graphs) and the family peer "
+          f"(out= form, CuPy graph); total {time.monotonic() - started_all:.0f} s")
+    print(HEADER)
+    for doc in rows:
+        print(row_text(doc))
+    failures = sorted({f"{label_of(d)} {k}: {v['failed']}" for d in rows for k, v in d.get("torch", {}).items()
+                       if isinstance(v, dict) and "failed" in v})
+    for line in failures:
+        print("peer failed: " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""gelu on the CPU: space and constraints, pruning, problems, the float64 reference against an
+independent formula, poisoned and misaligned inputs, the launch geometry (a model of the kernels'
+sweep visits every element once), and the export self-test hook built with nvcc and run on the
+host. What the kernels compute on a GPU is tests/test_gpu_elementwise.py's business."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autogen import export as export_module
+from autogen.dtypes import to_float64
+from autogen.errors import UsageError
+from autogen.family import get_family
+from autogen.families import _elementwise as ew
+from autogen.families.gelu import gelu_reference, pack_constants
+from autogen.render import render
+from nvcc_tools import nvcc_or_skip
+from test_export import H100, WERROR, build_library, run
+
+FAMILY = get_family("gelu")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def config(**params):
+    return FAMILY.space.check({**FAMILY.default_params, **params})
+
+
+# -- space and pruning --------------------------------------------------------------------------
+
+
+def test_space_size_and_constraints():
+    configs = list(FAMILY.space.enumerate())
+    assert len(configs) == 176 == FAMILY.space.size()
+    pairs = {(c["vector_width"], c["elements_per_thread"]) for c in configs}
+    assert pairs == {(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)}
+    assert FAMILY.space.violations({**FAMILY.default_params, "vector_width": 8, "elements_per_thread": 4})
+    assert FAMILY.space.violations({**FAMILY.default_params, "vector_width": 1, "elements_per_thread": 8})
+    assert FAMILY.space.violations({**FAMILY.default_params, "elements_per_thread": 32})  # not a choice
+
+
+def test_reject_reasons():
+    tanh16 = FAMILY.problem("float16", n=2**24, approximate="tanh")
+    erf16 = FAMILY.problem("float16", n=2**24, approximate="none")
+    assert FAMILY.reject_reason(tanh16, config(math="half2")) is None
+    assert "erf" in FAMILY.reject_reason(erf16, config(math="half2"))
+    assert "fp16 and bf16" in FAMILY.reject_reason(FAMILY.problem("float32", n=2**24), config(math="half2"))
+    small = FAMILY.problem("float32", n=5)
+    assert "exceeds n=5" in FAMILY.reject_reason(small, config(vector_width=8, loop="one_pass"))
+    assert "covers over twice" in FAMILY.reject_reason(FAMILY.problem(n=1000), config(block_size=1024, loop="one_pass"))
+    # A grid that covers n in one step: grid_stride would launch the one_pass grid.
+    assert "one_pass" in FAMILY.reject_reason(FAMILY.problem(n=2**20), config(block_size=256))
+    assert FAMILY.reject_reason(FAMILY.problem(n=2**28), config(block_size=256)) is None
+    assert FAMILY.reject_reason(FAMILY.problem(n=2**20), config(block_size=256, loop="one_pass")) is None
+
+
+def test_problems_and_traits():
+    assert FAMILY.problem(n=7)["approximate"] == "tanh"  # torch's name, tanh first (the issue's default)
+    assert FAMILY.problem("bfloat16", n=7, approximate=" None ").shape_key == "n=7,approximate=none"
+    with pytest.raises(UsageError, match="approximate must be one of tanh, none"):
+        FAMILY.problem(n=7, approximate="erf")
+    with pytest.raises(UsageError, match="between 1 and"):
+        FAMILY.problem(n=0)
+    with pytest.raises(UsageError, match="supports dtype"):
+        FAMILY.problem("float64", n=7)
+    assert FAMILY.tolerance_for(FAMILY.problem("float32", n=7)) == 1e-5
+    assert FAMILY.tolerance_for(FAMILY.problem("float16", n=7)) == 1e-3
+    assert FAMILY.tolerance_for(FAMILY.problem("bfloat16", n=7)) == 5e-3
+
+
+# -- data and reference ---------------------------------------------------------------------------
+
+
+def test_reference_matches_an_independent_formula():
+    x = np.concatenate([np.linspace(-12, 12, 997), [-1000.0, -30.0, -0.0, 1e-30, 30.0, 1000.0]])
+    tanh = gelu_reference(np, x, "tanh")
+    erf = gelu_reference(np, x, "none")
+    c = math.sqrt(2 / math.pi)
+    for v, t, e in zip(x, tanh, erf):
+        assert t == pytest.approx(v * 0.5 * (1 + math.tanh(c * (v + 0.044715 * v ** 3))), rel=1e-12, abs=1e-13)
+        assert e == pytest.approx(v * 0.5 * math.erfc(-v / math.sqrt(2)), rel=1e-12, abs=1e-15)
+    # The forms differ by at most ~5e-4 (where GELU curves), and agree in the tails.
+    assert 1e-4 < np.abs(tanh - erf).max() < 1e-3
+    assert tanh[-1] == erf[-1] == 1000.0 and tanh[-6] == erf[-6] == 0.0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inputs_poisoned_spanning_the_tails_and_misaligned(dtype):
+    problem = FAMILY.problem(dtype, n=20_000)
+    rng = np.random.default_rng(1)
+    cases = FAMILY.validation_cases(problem)
+    assert [c["values"] for c in cases] == ["uniform", "tails", "uniform"] and cases[2]["offset"] == 1
+    for case in cases:
+        inputs = FAMILY.make_inputs(problem, np, rng, case)
+        x = to_float64(np, inputs["x"], dtype)
+        y = to_float64(np, inputs["y"], dtype)
+        assert np.isnan(y).all() and np.isfinite(x).all() and x.size == y.size == 20_000
+        if case["values"] == "tails":
+            assert np.abs(x).max() > 500 and (np.abs(x) > 10).mean() > 0.1 and (x < -10).any()
+            assert ((np.abs(x) <= 12) | (np.abs(x) >= 9.9)).all()
+        else:
+            assert (np.abs(x) <= 4).all() and x.min() < -3.9 and x.max() > 3.9
+        # The reference reads the values as stored (bf16 bit patterns decoded).
+        ref = FAMILY.reference(FAMILY.problem(dtype, n=20_000, approximate="none"), inputs, np)
+        assert ref.dtype == np.float64 and np.allclose(ref, gelu_reference(np, x, "none"), rtol=0, atol=0)
+        for name in ("x", "y"):
+            address = inputs[name].__array_interface__["data"][0]
+            if case["offset"]:
+                assert address % 16 == inputs[name].itemsize % 16 and inputs[name].base is not None
+            else:
+                assert address % 16 == 0
+
+
+def test_pack_constants_are_the_rounded_values_twice():
+    assert pack_constants("float32") == {}
+    for dtype in ("float16", "bfloat16"):
+        words = pack_constants(dtype)
+        for name, value in (("k0", math.sqrt(2 / math.pi)), ("k0k1", math.sqrt(2 / math.pi) * 0.044715), ("half", 0.5)):
+            word = int(words[name], 16)
+            assert word >> 16 == word & 0xFFFF
+            decoded = float(to_float64(np, np.array([word & 0xFFFF], dtype=np.uint16), dtype)[0]) if dtype == "bfloat16" \
+                else float(np.array([word & 0xFFFF], dtype=np.uint16).view(np.float16)[0])
+            assert decoded == pytest.approx(value, rel=2 ** -8 if dtype == "bfloat16" else 2 ** -11)
+    assert pack_constants("float16")["half"] == "0x38003800" and pack_constants("bfloat16")["half"] == "0x3f003f00"
+
+
+# -- geometry: a model of the sweep in templates/elementwise.cuh.j2 --------------------------------
+
+
+def sweep_visits(n: int, pack: int, ept: int, block: int, blocks: int, loop: str) -> np.ndarray:
+    """How often the kernels' sweep (elementwise.cuh.j2) touches each element: the same index
+    arithmetic, vectorised over every thread of the grid."""
+    counts = np.zeros(n, dtype=np.int64)
+    packs_in_flight = ept // pack
+    span = block * packs_in_flight
+    packs = n // pack
+    threads = np.arange(blocks * block)
+    first = (threads // block) * span + threads % block
+    stride = blocks * span
+    while True:
+        live = first < packs
+        if not live.any():
+            break
+        for u in range(packs_in_flight):
+            p = first[live] + u * block
+            p = p[p < packs]
+            for k in range(pack):
+                np.add.at(counts, p * pack + k, 1)
+        if loop == "one_pass":
+            break
+        first = first + stride
+    if pack > 1:
+        element = packs * pack + (threads // block) * block + threads % block
+        np.add.at(counts, element[element < n], 1)
+    return counts
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 9, 1000, 4097, 70_001])
+def test_every_element_is_visited_once_on_both_paths(n, monkeypatch):
+    # A small device, so that grid_stride really strides at these sizes.
+    monkeypatch.setattr(ew, "resident_capacity", lambda: (2, 512))
+    for c in FAMILY.space.enumerate():
+        if c["math"] == "half2" or (c["block_size"] not in (128, 1024)):
+            continue
+        blocks = FAMILY.launch(FAMILY.problem(n=n), c).grid[0]
+        if c["loop"] == "one_pass":
+            assert blocks * c["block_size"] * c["elements_per_thread"] >= n
+        else:
+            assert blocks <= 2 * max(1, 512 // c["block_size"])
+        for pack in {c["vector_width"], 1}:  # the vector path, and the scalar one
+            ept = c["elements_per_thread"]
+            visits = sweep_visits(n, pack, ept, c["block_size"], blocks, c["loop"])
+            assert (visits == 1).all(), (c, pack, np.flatnonzero(visits != 1)[:5])
+
+
+def test_launch_on_the_h100_figures_and_the_host_launcher_agree():
+    problem = FAMILY.problem(n=2**28)
+    stride = config(block_size=256, elements_per_thread=8)
+    # One wave of resident blocks on 132 SMs x 2048 threads (the off-GPU fallback).
+    assert FAMILY.launch(problem, stride).grid == (132 * 8, 1, 1)
+    assert FAMILY.launch(problem, config(loop="one_pass")).grid == (2**28 // (256 * 8), 1, 1)
+    host = render(FAMILY, "float16", stride, host_launcher=True)
+    assert "((long long)n + 2048 - 1) / 2048" in host and "threads_per_sm / 256" in host
+    one_pass = render(FAMILY, "float16", config(loop="one_pass"), host_launcher=True)
+    assert "cudaDevAttrMultiProcessorCount" not in one_pass
+    # The plan passes the form: 1 for tanh, 0 for erf.
+    for form, flag in (("tanh", 1), ("none", 0)):
+        (step,) = FAMILY.plan(FAMILY.problem(n=10, approximate=form), stride)
+        assert step.args({"x": "X", "y": "Y"})[2:] == (10, flag)
+
+
+def test_half2_renders_only_for_half_types():
+    fp32 = render(FAMILY, "float32", config(math="float")).replace("mfloat", "mX")
+    assert fp32 == render(FAMILY, "float32", config(math="half2")).replace("mhalf2", "mX").replace(
+        "math=half2", "math=float")
+    packed = render(FAMILY, "bfloat16", config(math="half2"))
+    assert "tanh.approx.bf16x2" in packed and "#if __CUDA_ARCH__ >= 900" in packed and "fma.rn.bf16x2" in packed
+    assert "tanh.approx.f16x2" in render(FAMILY, "float16", config(math="half2"))
+
+
+# -- the export self-test hook ----------------------------------------------------------------------
+
+HARNESS = r"""
+#define main autogen_selftest_main
+#include "autogen_gelu_selftest.cu"
+#undef main
+
+template <class W, class E>
+int run(const char* mode, int n, int c, unsigned long long seed)
+{
+    selftest::Rng rng(seed);
+    std::vector<E> x((std::size_t)n), y((std::size_t)n);
+    W::make_inputs(c, rng, x);
+    if (std::string(mode) == "inputs") {
+        for (const E& v : x) std::printf("%.17g ", (double)W::from_elem_value(v));
+        std::printf("\n");
+        for (double r : W::reference(x, W::form_of(c))) std::printf("%.17g ", r);
+        std::printf("\n%d %d %.9g\n", W::form_of(c), W::kTimingForm, W::kTolerance);
+        return 0;
+    }
+    for (E& v : y) {  // the outputs to judge, as float text
+        float value = 0.0f;
+        if (std::scanf("%f", &value) != 1) return 2;
+        v = W::to_elem_value(value);
+    }
+    std::string why;
+    const double error = W::output_error(x, y, W::form_of(c), &why);  // before why is read
+    std::printf("%.17g\n%s\n", error, why.c_str());
+    return 0;
+}
+
+int main(int argc, char** argv)
+{
+    if (argc != 6) return 2;
+    const std::string dtype = argv[2];
+    const int n = std::atoi(argv[3]), c = std::atoi(argv[4]);
+    const unsigned long long seed = std::strtoull(argv[5], nullptr, 10);
+    if (dtype == "float32") return run<Probe<autogen_gelu_test::Workload>, float>(argv[1], n, c, seed);
+    if (dtype == "float16") return run<Probe<autogen_gelu_f16_test::Workload>, std::uint16_t>(argv[1], n, c, seed);
+    return run<Probe<autogen_gelu_bf16_test::Workload>, std::uint16_t>(argv[1], n, c, seed);
+}
+"""
+
+# Element conversions live in each entry's namespace: a probe type forwards to them.
+PROBE = r"""
+template <class W> struct Probe;
+#define AUTOGEN_PROBE(NS)                                                               \
+    template <> struct Probe<NS::Workload> : NS::Workload {                             \
+        static float from_elem_value(NS::Elem v) { return NS::from_elem(v); }           \
+        static NS::Elem to_elem_value(float v) { return NS::to_elem(v); }               \
+    };
+AUTOGEN_PROBE(autogen_gelu_test)
+AUTOGEN_PROBE(autogen_gelu_f16_test)
+AUTOGEN_PROBE(autogen_gelu_bf16_test)
+"""
+
+
+def default_export(family, out: Path) -> Path:
+    """An export of the family's default variant for every dtype, with the self-test: built from
+    the export model directly (no tuned shapes, so no trait reaches the dispatch table)."""
+    entries, variants = [], []
+    for dtype in family.dtypes:
+        variant = export_module._variant(family, dtype, family.default_config())
+        variants.append(variant)
+        c_params = family.c_params_for(dtype)
+        entries.append(export_module.EntryPoint(export_module.entry_symbol(family, dtype), dtype, c_params,
+                                                export_module.c_arg_names(c_params, family), (), variant))
+    software = {"driver": "13.0", "runtime": "13.0", "nvrtc": "13.0", "autogen": "0.1.0"}
+    model = export_module.ExportModel(family, H100, "sm_90", tuple(entries), tuple(variants),
+                                      "2026-11-22T00:00:00+00:00", software, True)
+    export_module.write_files(export_module.render_files(model), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory) -> Path:
+    nvcc = nvcc_or_skip()
+    work = tmp_path_factory.mktemp("gelu_export")
+    out = default_export(FAMILY, work / "export")
+    library = build_library(out / "autogen_gelu.cu", "sm_90", work)
+    binary = work / "autogen_gelu_selftest"
+    run([nvcc, "-arch=sm_90", "-std=c++17", "-O3", *WERROR, str(out / "autogen_gelu_selftest.cu"), str(library),
+         "-o", str(binary)])
+    source = work / "harness.cu"
+    text = HARNESS.replace("#undef main\n", "#undef main\n" + PROBE)
+    source.write_text("#include <cstdio>\n#include <cstdlib>\n#include <string>\n#include <vector>\n" + text)
+    built = work / "harness"
+    run([nvcc, "-std=c++17", *WERROR, f"-I{out}", str(source), str(library), "-o", str(built)])
+    return built
+
+
+def harness_lines(binary: Path, *args, stdin: str | None = None) -> list[str]:
+    return run([str(binary), *map(str, args)], input=stdin).stdout.splitlines()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_selftest_hook_inputs_reference_and_error(harness, dtype):
+    tolerance = FAMILY.tolerance_for(FAMILY.problem(dtype, n=1))
+    for case in range(6):
+        form = "tanh" if case < 3 else "none"
+        lines = harness_lines(harness, "inputs", dtype, 3001, case, 40 + case)
+        x = np.array(lines[0].split(), dtype=np.float64)
+        ref = np.array(lines[1].split(), dtype=np.float64)
+        flag, timing_form, hook_tolerance = lines[2].split()
+        assert int(flag) == (form == "tanh") and int(timing_form) == 1 and float(hook_tolerance) == tolerance
+        assert np.allclose(ref, gelu_reference(np, x, form), rtol=1e-12, atol=1e-13)
+        if case % 3 == 1:
+            assert np.abs(x).max() > 100 and (x < -10).any()
+        else:
+            assert (np.abs(x) <= 4).all()
+        # The reference rounded to the dtype passes; 1% off fails; one NaN fails.
+        rounded = ref.astype(np.float32)
+        error, why = judge(harness, dtype, case, 40 + case, rounded)
+        assert why == "" and error <= tolerance, (case, error)
+        error, why = judge(harness, dtype, case, 40 + case, rounded * 1.01)
+        assert why == "" and error > tolerance, (case, error)
+        bad = rounded.copy()
+        bad[7] = np.nan
+        error, why = judge(harness, dtype, case, 40 + case, bad)
+        assert error == math.inf and "NaN/inf" in why
+
+
+def judge(binary, dtype, case, seed, values) -> tuple[float, str]:
+    lines = harness_lines(binary, "error", dtype, values.size, case, seed,
+                          stdin=" ".join("nan" if np.isnan(v) else repr(float(v)) for v in values) + "\n")
+    return float(lines[0]), (lines[1] if len(lines) > 1 else "")
+
+
+def test_selftest_without_a_gpu_fails_cleanly(harness):
+    binary = harness.parent / "autogen_gelu_selftest"
+    from conftest import gpu_unavailable_reason
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is present: tests/test_gpu_elementwise.py runs the self-test")
+    done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "no CUDA GPU available" in done.stdout
