@@ -109,7 +109,7 @@ class CopyIf(Family):
                       "blocks_per_sm": 4}
     outputs = ("values", "count")
     c_params = "const int* x, int* values, int* count, int n, int threshold"
-    tolerance = 0.0  # exact: compare() checks the count and every selected value
+    tolerance = 1e-12  # compare() is exact (the count and every selected value): 0 or inf
     description = "values[0..count) = x[x > threshold] (input order unless unordered), int32 or float32"
 
     def c_params_for(self, dtype: str) -> str:

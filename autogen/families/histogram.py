@@ -105,7 +105,7 @@ class Histogram(Family):
     outputs = ("counts",)
     # counts: `bins` 32-bit counts, int or unsigned int (the same bits).
     c_params = "const int* x, void* counts, int n, int bins"
-    tolerance = 0.0  # exact: compare() checks every count
+    tolerance = 1e-12  # compare() is exact (every count): it returns 0 or inf
     description = "counts[b] = #{i : x[i] == b} for b in [0, bins), int32 x; values outside [0, bins) ignored"
 
     # --- geometry -------------------------------------------------------------------------
