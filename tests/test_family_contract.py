@@ -55,13 +55,16 @@ def test_inputs_reference_and_byte_count_agree(name, dtype):
     poisoned = 0
     for case in family.validation_cases(problem):
         inputs = family.make_inputs(problem, np, rng, case)
-        output = inputs[family.outputs[0]]
-        # Poisoned with NaN, except where the output is also an input (sgemv's y with beta != 0).
-        # Decoded as the family reads it: bfloat16 outputs are uint16 bit patterns.
-        values = family.output_values(problem, inputs, family.outputs[0], np)
-        poisoned += bool(np.isnan(values.astype(np.float64)).all())
         reference = family.reference(problem, inputs, np)
-        assert reference.dtype == np.float64 and reference.shape == output.shape
+        # One array, or a dict keyed by output name (families with several outputs).
+        references = reference if isinstance(reference, dict) else {family.outputs[0]: reference}
+        for name in family.outputs:
+            assert references[name].dtype == np.float64 and references[name].shape == inputs[name].shape, name
+        # Poisoned (NaN, or an integer sentinel): the unlaunched outputs must fail the family's
+        # own comparison, except where the output is also an input (sgemv's y with beta != 0).
+        magnitude = family.reference_magnitude(problem, inputs, np)
+        error, reason = family.compare(problem, inputs, reference, magnitude, np)
+        poisoned += bool(reason) or not error <= family.tolerance_for(problem)
     assert poisoned >= 1, "no validation case poisons the output before the launch"
     assert family.bytes_moved(problem, family.timing_case(problem)) > 0
     assert family.tolerance_for(problem) > 0

@@ -1,0 +1,354 @@
+"""COPY_IF (stream compaction): values[0..count) = the x[i] > threshold, count[0] = how many; x
+int32 or float32 of any length; NaN is never selected. Template: templates/copy_if.cu.j2.
+
+Two outputs: `values`, a buffer of n elements whose first `count` are the selected ones, and
+`count`, one int32 on the device (the call never waits for the GPU, so it stays capturable).
+
+Traits (part of the database key, `--selectivity` and `--order` on the command line):
+  selectivity  the share of x selected, as a class: p01 below 10%, p50 from 10% to 90%, p99
+               above 90% (tuning data: 1%, 50%, 99%). A fraction ("0.5", "50%") is mapped to
+               its class. The Python call cannot know it before running, so it takes a hint
+               (`selectivity=`, default "p50"): it only picks which tuned kernel is served.
+  order        "ordered" (the default): the selected values keep their input order, as
+               torch.masked_select's; "unordered": any order (validated as a multiset), served
+               only when asked for (`ordered=False`). Ordered variants also serve unordered
+               problems; unordered variants never serve ordered ones.
+
+Workspace (as reduce's `partials`): `status` (one 64-bit word per tile, for the largest tile
+count any variant launches on this shape), `ticket` (one word) and `block_counts` (one word
+per block of the largest grid) live in the inputs dict; `_init` resets what a launch relies on.
+The exported host launchers take theirs with cudaMallocAsync/cudaFreeAsync on the stream.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..errors import ArgumentError, GpuUnavailableError, InvalidConfigError, UsageError
+from ..problem import Config, Problem
+from ..space import Param, Space
+from ..family import Family, Launch, Peer, Step, Trait, device_array, dtype_name, new_output, register
+from .histogram import MAX_THREADS_PER_SM, sm_count
+
+ORDERED_MODES = ("lookback", "two_pass")
+UNORDERED_MODES = ("block", "warp", "thread")
+# Class -> the fraction tuning data selects; the boundaries of the classes.
+FRACTIONS = {"p01": 0.01, "p50": 0.5, "p99": 0.99}
+LOW, HIGH = 0.1, 0.9
+INIT_BLOCK = 256
+INIT_BLOCKS_CAP = 1024
+INT_SPAN = 2**31  # int32 data is uniform over [-2^30, 2^30)
+INT_LOW = -2**30
+INT_POISON = -2**31  # never selected: INT_MIN > t is false for every int32 threshold t
+
+
+def selectivity_class(text: str) -> str:
+    """"p50" stays; a fraction ("0.5", "50%") in [0, 1] becomes its class: p01 below 0.1, p99
+    above 0.9, else p50. Anything else is returned as it is (Trait.value refuses it)."""
+    text = str(text).strip()
+    if text in FRACTIONS:
+        return text
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        return text
+    if not 0.0 <= value <= 1.0:
+        return text
+    return "p01" if value < LOW else "p99" if value > HIGH else "p50"
+
+
+SELECTIVITY = Trait("selectivity", tuple(FRACTIONS), parse=selectivity_class,
+                    help=f"share of x selected: p01 (< {LOW:g}), p50, p99 (> {HIGH:g}); a fraction like 0.5 maps to its class")
+ORDER = Trait("order", ("ordered", "unordered"),
+              help="ordered keeps the input order (as torch.masked_select); unordered may be faster")
+
+
+def _one_wave(p) -> str | None:
+    if p["block_size"] * p["blocks_per_sm"] > MAX_THREADS_PER_SM:
+        return f"block_size*blocks_per_sm={p['block_size'] * p['blocks_per_sm']} exceeds {MAX_THREADS_PER_SM} threads per SM"
+    return None
+
+
+def _items_fit_registers(p) -> str | None:
+    # 64 registers per thread at 1024 threads (128 at 512): the items and their row ranks.
+    limit = {1024: 8, 512: 16}.get(p["block_size"], 32)
+    if p["items_per_thread"] > limit:
+        return f"items_per_thread > {limit} does not fit the registers at block_size={p['block_size']}"
+    return None
+
+
+SPACE = Space(
+    params=(
+        Param("mode", ORDERED_MODES + UNORDERED_MODES, "m",
+              "ordered: single-pass decoupled look-back, or reduce-then-scan in two passes over x; "
+              "unordered: one global atomic per block, per warp (ballot + popc) or per thread and tile"),
+        Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
+        Param("vector_width", (1, 2, 4), "vw", "elements per load (4: 16-byte loads)"),
+        Param("items_per_thread", (4, 8, 16, 32), "ipt", "elements each thread holds per tile"),
+        Param("blocks_per_sm", (1, 2, 4, 8), "bps", "grid = min(tiles, SMs x blocks_per_sm); blocks loop over tiles"),
+    ),
+    constraints=(_one_wave, _items_fit_registers),
+)
+
+
+@register
+class CopyIf(Family):
+    name = "copy_if"
+    template = "copy_if.cu.j2"
+    selftest_template = "export/selftest_copy_if.cu.j2"
+    api = "copy_if"
+    dims = ("n",)
+    traits = (SELECTIVITY, ORDER)
+    dtypes = ("int32", "float32")
+    space = SPACE
+    # Ordered, so that the default serves both orders.
+    default_params = {"mode": "lookback", "block_size": 256, "vector_width": 4, "items_per_thread": 16,
+                      "blocks_per_sm": 4}
+    outputs = ("values", "count")
+    c_params = "const int* x, int* values, int* count, int n, int threshold"
+    tolerance = 1e-12  # compare() is exact (the count and every selected value): 0 or inf
+    description = "values[0..count) = x[x > threshold] (input order unless unordered), int32 or float32"
+
+    def c_params_for(self, dtype: str) -> str:
+        elem = "int" if dtype == "int32" else "float"
+        return f"const {elem}* x, {elem}* values, int* count, int n, {elem} threshold"
+
+    # --- geometry -------------------------------------------------------------------------
+    @staticmethod
+    def tile(config: Config) -> int:
+        return config["block_size"] * config["items_per_thread"]
+
+    def tiles(self, problem: Problem, config: Config) -> int:
+        return -(-problem["n"] // self.tile(config))
+
+    def grid_blocks(self, problem: Problem, config: Config) -> int:
+        return max(1, min(self.tiles(problem, config), sm_count() * config["blocks_per_sm"]))
+
+    def launch(self, problem: Problem, config: Config) -> Launch:
+        return Launch(grid=(self.grid_blocks(problem, config), 1, 1), block=(config["block_size"], 1, 1))
+
+    def workspace_sizes(self, problem: Problem) -> tuple[int, int]:
+        """(status words, block counts) for the largest tile count and grid of the space."""
+        smallest_tile = min(SPACE.param("block_size").choices) * min(SPACE.param("items_per_thread").choices)
+        most_tiles = -(-problem["n"] // smallest_tile)
+        most_blocks = min(most_tiles, sm_count() * max(SPACE.param("blocks_per_sm").choices))
+        return most_tiles, max(1, most_blocks)
+
+    def plan(self, problem: Problem, config: Config) -> list[Step]:
+        steps = self._steps(problem, config)
+        if problem["order"] == "ordered" and config["mode"] not in ORDERED_MODES:
+            # An unordered variant may keep the order by chance (one tile, or tiles finishing in
+            # order), pass validation and be stored for an ordered problem: its launches refuse
+            # to run instead (the tuner records a failure). reject_reason prunes it first; this
+            # also stops a warm-start seed, which skips pruning.
+            def refuse(inputs: dict):
+                raise InvalidConfigError(f"mode={config['mode']} is unordered; {problem} needs input order")
+            steps = [Step(step.suffix, step.launch, refuse) for step in steps]
+        return steps
+
+    def _steps(self, problem: Problem, config: Config) -> list[Step]:
+        mode = config["mode"]
+        main = self.launch(problem, config)
+        n = np.int32(problem["n"])
+        tiles, blocks = self.tiles(problem, config), main.grid[0]
+        cast = np.int32 if problem.dtype == "int32" else np.float32
+
+        def sized(inputs: dict, name: str, need: int):
+            buffer = inputs[name]
+            if buffer.size < need:  # never write past the workspace
+                raise ValueError(f"{name} holds {buffer.size} words; this launch needs {need}")
+            return buffer
+
+        if mode == "two_pass":
+            return [
+                Step("", main, lambda inputs: (inputs["x"], n, cast(inputs["threshold"]),
+                                               sized(inputs, "block_counts", blocks))),
+                Step("_scan", Launch(grid=(1, 1, 1), block=(config["block_size"], 1, 1)),
+                     lambda inputs: (sized(inputs, "block_counts", blocks), np.int32(blocks), inputs["count"])),
+                Step("_scatter", main, lambda inputs: (inputs["x"], inputs["values"], n, cast(inputs["threshold"]),
+                                                       sized(inputs, "block_counts", blocks))),
+            ]
+        if mode == "lookback":
+            init = Launch(grid=(min(-(-tiles // INIT_BLOCK), INIT_BLOCKS_CAP), 1, 1), block=(INIT_BLOCK, 1, 1))
+            return [
+                Step("_init", init, lambda inputs: (sized(inputs, "status", tiles), np.int32(tiles), inputs["ticket"],
+                                                    inputs["count"], np.int32(0))),
+                Step("", main, lambda inputs: (inputs["x"], inputs["values"], inputs["count"], n,
+                                               cast(inputs["threshold"]), sized(inputs, "status", tiles),
+                                               inputs["ticket"])),
+            ]
+        init = Launch(grid=(1, 1, 1), block=(INIT_BLOCK, 1, 1))
+        return [
+            Step("_init", init, lambda inputs: (inputs["status"], np.int32(0), inputs["ticket"], inputs["count"],
+                                                np.int32(1))),
+            Step("", main, lambda inputs: (inputs["x"], inputs["values"], inputs["count"], n,
+                                           cast(inputs["threshold"]))),
+        ]
+
+    def reject_reason(self, problem: Problem, config: Config) -> str | None:
+        if problem["order"] == "ordered" and config["mode"] not in ORDERED_MODES:
+            return f"mode={config['mode']} does not keep the input order"
+        n, tile = problem["n"], self.tile(config)
+        if tile > 2 * max(n, 128) and (config["items_per_thread"] > 4 or config["block_size"] > 128):
+            return f"a tile of {tile} elements spans over twice n={n}"
+        return None
+
+    # --- data -----------------------------------------------------------------------------
+    def validation_cases(self, problem: Problem) -> list[dict]:
+        # The problem's selectivity (float data with NaN and infinities mixed in), then nothing
+        # selected (count 0) and everything selected (the output is x).
+        return [{"select": problem["selectivity"]}, {"select": "none"}, {"select": "all"}]
+
+    def timing_case(self, problem: Problem) -> dict:
+        return {"select": problem["selectivity"], "clean": True}
+
+    def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
+        n = problem["n"]
+        x, threshold = copy_if_values(xp, rng, n, problem.dtype, case["select"], case.get("clean", False))
+        poison = xp.nan if problem.dtype == "float32" else INT_POISON
+        status_words, block_words = self.workspace_sizes(problem)
+        return {"x": x, "threshold": threshold,
+                "values": xp.full((n,), poison, dtype=problem.dtype),
+                "count": xp.full((1,), -1, dtype=xp.int32),
+                # Poisoned: _init must reset what a variant relies on.
+                "status": xp.full((status_words,), 0xFFFFFFFFFFFFFFFF, dtype=xp.uint64),
+                "ticket": xp.full((1,), 0xFFFFFFFF, dtype=xp.uint32),
+                "block_counts": xp.full((block_words,), 0xFFFFFFFF, dtype=xp.uint32)}
+
+    def reference(self, problem: Problem, inputs: dict, xp=np):
+        x = inputs["x"]
+        chosen = x[x > x.dtype.type(inputs["threshold"])].astype(xp.float64)
+        values = xp.full((x.size,), xp.nan, dtype=xp.float64)
+        values[:chosen.size] = chosen
+        return {"values": values, "count": xp.full((1,), float(chosen.size), dtype=xp.float64)}
+
+    def compare(self, problem: Problem, inputs: dict, expected, magnitude, xp=np) -> tuple[float, str]:
+        return exact_selection(xp, inputs["values"], inputs["count"], expected,
+                               ordered=problem["order"] == "ordered")
+
+    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
+        n = problem["n"]
+        return 4 * n + 4 * round(n * FRACTIONS[problem["selectivity"]]) + 4
+
+    def peer(self, problem: Problem) -> Peer | None:
+        """CUB's DeviceSelect::If (stable, so ordered) from the benchmark's nvcc build
+        (scripts/cub_peers.cu, named by AUTOGEN_CUB_PEERS); None without it: CuPy has no
+        capturable select, and torch.masked_select synchronises to size its output."""
+        try:
+            from ..gpu import require_cupy
+            cupy = require_cupy()
+        except GpuUnavailableError:
+            return None
+        from .cub_peers import cub_library
+        cub = cub_library()
+        return cub.select_peer(cupy, problem.dtype, problem["n"]) if cub is not None else None
+
+    # --- calls from Python ----------------------------------------------------------------
+    def bind(self, cupy, device: int, args: tuple, kwargs: dict):
+        """autogen.copy_if(x, threshold, ordered=True, selectivity=None) -> (values, count)
+
+        values[0..count) = the x[i] > threshold (NaN never), in input order unless
+        ordered=False; values has x's length and dtype (int32 or float32), the entries past
+        count are unspecified; count is a 1-element int32 device array (read it when you need
+        it: the call does not wait for the GPU). selectivity (a class p01/p50/p99 or a fraction
+        such as 0.3; default p50) is a hint that picks the tuned kernel; any kernel is exact."""
+        x, threshold, ordered, selectivity = _copy_if_arguments(*args, **kwargs)
+        xv = device_array(cupy, x, "x", self.dtypes, 1, device)
+        dtype = dtype_name(xv)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)):
+            raise ArgumentError(f"threshold must be a number, got {threshold!r}")
+        if dtype == "int32" and not (math.isfinite(float(threshold)) and float(threshold).is_integer()):
+            raise ArgumentError(f"int32 x needs an integer threshold, got {threshold!r}")
+        problem = self._problem_of(dtype, xv.shape[0], "p50" if selectivity is None else str(selectivity),
+                                   "ordered" if ordered else "unordered")
+        values = new_output(cupy, x, (xv.shape[0],), dtype)
+        count = new_output(cupy, x, (1,), "int32")
+        status_words, block_words = self.workspace_sizes(problem)
+        inputs = {"x": xv, "threshold": _clamped(threshold, dtype),
+                  "values": device_array(cupy, values, "values", (dtype,), 1, device),
+                  "count": device_array(cupy, count, "count", ("int32",), 1, device),
+                  # Per call: concurrent calls on different streams must not share them.
+                  "status": cupy.empty(status_words, dtype=cupy.uint64),
+                  "ticket": cupy.empty(1, dtype=cupy.uint32),
+                  "block_counts": cupy.empty(block_words, dtype=cupy.uint32)}
+        return problem, inputs, (values, count)
+
+    @functools.lru_cache(maxsize=1024)
+    def _problem_of(self, dtype: str, n: int, selectivity: str, order: str) -> Problem:
+        if n < 1:
+            raise ArgumentError("x is empty: copy_if needs at least one element")
+        try:
+            return self.problem(dtype, n=n, selectivity=selectivity, order=order)
+        except UsageError as exc:
+            raise ArgumentError(str(exc)) from None
+
+
+def _copy_if_arguments(x, threshold, ordered=True, selectivity=None):
+    return x, threshold, ordered, selectivity
+
+
+def _clamped(threshold, dtype: str):
+    """The threshold as the kernel's type (float32 x: rounded to float32, as torch compares)."""
+    if dtype == "float32":
+        return np.float32(threshold)
+    if not -2**31 <= threshold <= 2**31 - 1:
+        raise ArgumentError(f"int32 x needs a threshold in the int32 range, got {threshold!r}")
+    return np.int32(int(threshold))
+
+
+def copy_if_values(xp, rng, n: int, dtype: str, select: str, clean: bool = False):
+    """(x, threshold) of one case: x uniform (int32 over [-2^30, 2^30), float32 over [0, 1)),
+    the threshold picked so that the class's fraction is selected; "none" and "all" select
+    nothing and everything. Float data that is not `clean` holds NaN (never selected), +inf
+    (selected) and -inf and -0.0 (not) in a few places, edges included."""
+    if dtype == "int32":
+        x = rng.integers(INT_LOW, INT_LOW + INT_SPAN, size=n, dtype=xp.int32)
+        if select == "none":
+            return x, int(INT_LOW + INT_SPAN)  # every x is below it
+        if select == "all":
+            return x, int(INT_LOW - 1)
+        # P(x > t) = (INT_LOW + INT_SPAN - 1 - t) / INT_SPAN = fraction
+        return x, int(INT_LOW + INT_SPAN - 1 - round(FRACTIONS[select] * INT_SPAN))
+    x = rng.random(n, dtype=xp.float32)
+    if select == "none":
+        threshold = 1.0
+    elif select == "all":
+        threshold = -1.0
+    else:
+        threshold = float(np.float32(1.0 - FRACTIONS[select]))
+    if not clean and select != "all":
+        specials = xp.asarray(np.array([np.nan, np.inf, -np.inf, -0.0, np.nan], dtype=np.float32))
+        count = min(n, specials.size)
+        x[:count] = specials[:count]
+        x[n - count:] = specials[:count]
+        if n > 64:
+            x[n // 2: n // 2 + count] = specials[:count]
+    if select == "none" and not clean:
+        x[xp.isposinf(x)] = 0.5  # nothing may be above the threshold
+    return x, threshold
+
+
+def exact_selection(xp, values, count, expected, ordered: bool) -> tuple[float, str]:
+    """(0, "") when the count and the selected values match the reference exactly (in order,
+    or as a multiset when not ordered); else (inf, what differs). Entries past count are free."""
+    want_count = int(expected["count"][0])
+    got_count = int(count[0])
+    if got_count != want_count:
+        return math.inf, f"count is {got_count}, want {want_count}"
+    got = values[:want_count].astype(xp.float64)
+    want = expected["values"][:want_count]
+    unwritten = int(xp.isnan(got).sum())  # NaN is never selected: a NaN here is poison left unwritten
+    if unwritten:
+        return math.inf, f"{unwritten} of the first {want_count} values are unwritten (poison)"
+    if not ordered:
+        got, want = xp.sort(got), xp.sort(want)
+    wrong = xp.flatnonzero(got != want)
+    if int(wrong.size):
+        first = int(wrong[0])
+        how = "in order" if ordered else "as multisets (sorted)"
+        return math.inf, (f"{int(wrong.size)} of {want_count} values differ {how} (at {first}: got {float(got[first])!r}, "
+                          f"want {float(want[first])!r})")
+    return 0.0, ""

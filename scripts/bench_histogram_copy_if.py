@@ -1,0 +1,334 @@
+"""The histogram and copy_if benchmark: tune each problem of the issue (winners land in --db),
+then time each winner and its peers in this process, on the same cold input sets, by the same
+CUDA-graph method (autogen.measure.time_enqueue), and print a table last.
+
+Peers: CUB (DeviceHistogram::HistogramEven, DeviceSelect::If) from scripts/cub_peers.cu, built
+with nvcc in the background at the start; torch.histc (on a float32 copy of x made outside the
+timing, its most favourable case) in a torch.cuda.CUDAGraph; torch.bincount and
+torch.masked_select synchronise with the host to size their output, so no graph can hold them:
+they are timed with events around back-to-back calls, the method named in the JSON.
+
+Targets on an H100: histogram >= 1.0x CUB on uniform data and >= 1.5x the best torch peer on
+skewed data; ordered copy_if >= 0.9x CUB DeviceSelect and >= 1.5x torch.masked_select;
+unordered copy_if >= 1.2x CUB. Each row reports input GB/s (4 n bytes / time) and the share of
+the measured copy bandwidth (bytes moved / time / copy GB/s).
+
+    python scripts/bench_histogram_copy_if.py --out DIR [--db URL] [--trials N] [--budget S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROBLEMS = [
+    *[("histogram", "int32", {"n": n, "bins": bins, "distribution": dist})
+      for n in (2**24, 2**28) for bins in (256, 4096) for dist in ("uniform", "skewed")],
+    *[("copy_if", "int32", {"n": n, "selectivity": sel, "order": order})
+      for n in (2**24, 2**28) for order in ("ordered", "unordered") for sel in ("p01", "p50", "p99")],
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, the CUB library and logs")
+    parser.add_argument("--db", help="tuning database URL (default: DIR/bench_histogram_copy_if.db)")
+    parser.add_argument("--trials", type=int, default=16, help="variants measured per problem (default 16)")
+    parser.add_argument("--budget", type=float, default=270.0,
+                        help="seconds for the whole run; each search gets its share (default 270)")
+    parser.add_argument("--only", choices=["histogram", "copy_if"], help="benchmark one family only")
+    return parser.parse_args(argv)
+
+
+# -- CUB ------------------------------------------------------------------------------------------
+
+def start_cub_build(out: Path, arch: str):
+    """nvcc on scripts/cub_peers.cu in the background: (process, library path) or None."""
+    library = out / "libautogen_cub_peers.so"
+    try:
+        process = subprocess.Popen(["nvcc", "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC",
+                                    "-o", str(library), str(ROOT / "scripts" / "cub_peers.cu")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except OSError as exc:
+        print(f"CUB peers unavailable: {exc}", file=sys.stderr)
+        return None
+    return process, library
+
+
+def cub_ready(build, wait: bool) -> Path | None:
+    """The library once nvcc has finished (named in AUTOGEN_CUB_PEERS for the tuner's peers)."""
+    from autogen.families import cub_peers
+
+    if build is None:
+        return None
+    process, library = build
+    if process.poll() is None and not wait:
+        return None
+    if process.wait() != 0:
+        print("CUB peers failed to build:\n" + process.stdout.read()[-2000:], file=sys.stderr)
+        return None
+    if os.environ.get(cub_peers.ENV) != str(library):
+        os.environ[cub_peers.ENV] = str(library)
+        cub_peers.cub_library.cache_clear()
+    return library
+
+
+# -- timing in this process -----------------------------------------------------------------------
+
+def winner_launcher(cupy, family, problem, params: dict, arch: str):
+    from autogen.compile import compile_cubin
+    from autogen.render import render
+
+    config = family.space.check(params)
+    name = family.kernel_name(problem.dtype, config)
+    module = cupy.cuda.function.Module()
+    module.load(compile_cubin(render(family, problem.dtype, config), arch))
+    steps = [(module.get_function(name + s.suffix), s) for s in family.plan(problem, config)]
+
+    def launch(inputs: dict) -> None:
+        for function, step in steps:
+            function(step.launch.grid, step.launch.block, step.args(inputs), shared_mem=step.launch.shared_bytes)
+
+    launch.module = module
+    return launch
+
+
+def graph_us(cupy, enqueue, sets: int) -> float:
+    from autogen.measure import time_enqueue
+    return time_enqueue(cupy, enqueue, sets).median_us
+
+
+def torch_graph_us(torch, call, sets: int, replays: int = 7) -> float:
+    """`call(i)` captured R times (rotating over the sets) in a torch.cuda.CUDAGraph with its
+    private memory pool; median over replays of the time per call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            call(i % sets)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(sets):
+        call(i)
+    stop.record()
+    stop.synchronize()
+    estimate_us = max(1.0, start.elapsed_time(stop) * 1000 / sets)
+    launches = max(sets, min(2000, int(2000 / estimate_us) // sets * sets or sets))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            call(i % sets)
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) * 1000 / launches)
+    return statistics.median(samples)
+
+
+def torch_events_us(torch, call, sets: int, replays: int = 7) -> float:
+    """Back-to-back calls timed with events (for calls that synchronise with the host)."""
+    for i in range(3):
+        call(i % sets)
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    rounds = max(sets, 20)
+    for _ in range(replays):
+        start.record()
+        for i in range(rounds):
+            call(i % sets)
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) * 1000 / rounds)
+    return statistics.median(samples)
+
+
+def measure(cupy, torch, family, problem, params: dict, arch: str) -> dict:
+    """Winner, CUB and torch on the same cold input sets; each peer's output checked once."""
+    from autogen.families.cub_peers import cub_library
+    from autogen.gpu import device_identity, free_device_memory
+    from autogen.measure import timing_sets
+
+    rng = cupy.random.default_rng(12345)
+    sets = timing_sets(family, problem, cupy, rng, True, device_identity().l2_bytes, free_device_memory())
+    k = len(sets)
+    expected = family.reference(problem, sets[0], cupy)
+    times: dict[str, float] = {}
+    methods: dict[str, str] = {}
+    checks: dict[str, bool] = {}
+
+    def check(name: str) -> None:
+        error, _reason = family.compare(problem, sets[0], expected, None, cupy)
+        checks[name] = error == 0.0
+
+    launch = winner_launcher(cupy, family, problem, params, arch)
+    times["autogen"] = graph_us(cupy, lambda i: launch(sets[i]), k)
+    methods["autogen"] = "cuda graph"
+    check("autogen")
+
+    cub = cub_library()
+    if cub is not None:
+        peer = (cub.histogram_peer(cupy, problem["n"], problem["bins"]) if family.name == "histogram"
+                else cub.select_peer(cupy, problem.dtype, problem["n"]))
+        times["cub"] = graph_us(cupy, lambda i: peer.run(sets[i]), k)
+        methods["cub"] = peer.name + ", cuda graph"
+        check("cub")
+
+    if torch is not None:
+        cupy.cuda.get_current_stream().synchronize()
+        try:
+            torch_peers(torch, family, problem, sets, expected, times, methods, checks)
+        except Exception as exc:  # a torch peer that cannot run here is reported, not fatal
+            methods["torch"] = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+    del sets
+    cupy.get_default_memory_pool().free_all_blocks()
+    return {"us": times, "method": methods, "correct": checks}
+
+
+def torch_peers(torch, family, problem, sets, expected, times, methods, checks) -> None:
+    from autogen.peers import as_tensor
+
+    k = len(sets)
+    xs = [as_tensor(torch, s["x"], problem.dtype) for s in sets]
+    if family.name == "histogram":
+        bins = problem["bins"]
+        want = torch.as_tensor(expected, device="cuda").to(torch.int64)
+        xf = [x.float() for x in xs]  # outside the timing: histc's most favourable case
+        times["torch.histc"] = torch_graph_us(torch, lambda i: torch.histc(xf[i], bins, 0, bins), k)
+        methods["torch.histc"] = "float32 copy of x made beforehand, torch.cuda.CUDAGraph"
+        checks["torch.histc"] = bool(torch.equal(torch.histc(xf[0], bins, 0, bins).to(torch.int64), want))
+        del xf
+        xl = [x.long() for x in xs]  # bincount takes int64 on every torch version
+        times["torch.bincount"] = torch_events_us(torch, lambda i: torch.bincount(xl[i], minlength=bins), k)
+        methods["torch.bincount"] = "int64 copy of x made beforehand; events around back-to-back calls (it syncs)"
+        checks["torch.bincount"] = bool(torch.equal(torch.bincount(xl[0], minlength=bins)[:bins], want))
+        return
+    thresholds = [s["threshold"] for s in sets]
+    times["torch.masked_select"] = torch_events_us(torch, lambda i: torch.masked_select(xs[i], xs[i] > thresholds[i]), k)
+    methods["torch.masked_select"] = "events around back-to-back calls (it syncs to size its output)"
+    got = torch.masked_select(xs[0], xs[0] > thresholds[0])
+    count = int(expected["count"][0])
+    checks["torch.masked_select"] = got.numel() == count and bool(torch.equal(
+        got.double(), torch.as_tensor(expected["values"][:count], device="cuda")))
+
+
+def targets(family: str, problem: dict, ratio_cub, ratio_torch) -> dict:
+    if family == "histogram":
+        if problem["distribution"] == "uniform":
+            return {"vs CUB >= 1.0": ratio_cub is not None and ratio_cub >= 1.0}
+        return {"vs best torch >= 1.5": ratio_torch is not None and ratio_torch >= 1.5}
+    if problem["order"] == "ordered":
+        return {"vs CUB >= 0.9": ratio_cub is not None and ratio_cub >= 0.9,
+                "vs masked_select >= 1.5": ratio_torch is not None and ratio_torch >= 1.5}
+    return {"vs CUB >= 1.2": ratio_cub is not None and ratio_cub >= 1.2}
+
+
+def label(doc: dict) -> str:
+    p = doc["problem"]
+    shape = p["shape"]
+    n = f"2^{shape['n'].bit_length() - 1}"
+    if p["family"] == "histogram":
+        return f"hist {n} b{shape['bins']} {shape['distribution'][:4]}"
+    return f"copy_if {n} {shape['selectivity']} {shape['order'][:5]}"
+
+
+def row_text(doc: dict) -> str:
+    m = doc.get("measured")
+    if not m or "autogen" not in m["us"]:
+        return f"{label(doc):<28} no winner"
+    us = m["us"]
+    torch_name = doc.get("best_torch")
+    cub = f"{us['cub']:>9.2f}" if "cub" in us else f"{'n/a':>9}"
+    tor = f"{us[torch_name]:>9.2f}" if torch_name else f"{'n/a':>9}"
+    xc = f"{doc['vs_cub']:>6.2f}" if doc.get("vs_cub") else f"{'-':>6}"
+    xt = f"{doc['vs_torch']:>6.2f}" if doc.get("vs_torch") else f"{'-':>6}"
+    met = "yes" if all(doc["targets"].values()) else "NO"
+    return (f"{label(doc):<28} {us['autogen']:>9.2f} {doc['input_gb_per_s']:>7.0f} {doc['pct_of_copy']:>6.1f} "
+            f"{cub} {xc} {tor} {xt} {met:>4}  {doc['winner']['kernel']}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    from autogen.family import get_family
+    from autogen.gpu import device_identity, require_cupy
+    from autogen.peers import torch_cuda
+    from autogen.report import tune_summary
+    from autogen.tuner import TuneOptions, tune
+
+    cupy = require_cupy()
+    arch = device_identity().arch
+    build = start_cub_build(args.out, arch)
+    torch = torch_cuda()
+    db_url = args.db or f"sqlite:///{args.out / 'bench_histogram_copy_if.db'}"
+    problems = [p for p in PROBLEMS if not args.only or p[0] == args.only]
+    reserve = 2.0 * len(problems)  # the in-process timings at the end, per problem
+    docs = []
+    for index, (family_name, dtype, dims) in enumerate(problems):
+        cub_ready(build, wait=False)
+        family = get_family(family_name)
+        problem = family.problem(dtype, **dims)
+        left = args.budget - (time.monotonic() - started) - reserve
+        share = max(4.0, left / (len(problems) - index) - 4.0)  # ~4 s of start-up and finish per tune
+        t0 = time.monotonic()
+        result = tune(problem, TuneOptions(trials=args.trials, timeout_s=share, db_url=db_url, top_k=3,
+                                           retime_rounds=5))
+        doc = tune_summary(result)
+        doc["bench_wall_s"] = round(time.monotonic() - t0, 1)
+        docs.append((family, problem, doc))
+        print(f"tuned {problem} in {doc['bench_wall_s']} s", file=sys.stderr, flush=True)
+
+    cub_ready(build, wait=True)
+    rows = []
+    for family, problem, doc in docs:
+        winner = doc["winner"]
+        if winner is not None:
+            measured = measure(cupy, torch, family, problem, winner["params"], arch)
+            doc["measured"] = measured
+            us = measured["us"]
+            n = problem["n"]
+            doc["input_gb_per_s"] = round(4 * n / (us["autogen"] * 1e-6) / 1e9, 1)
+            copy_gbs = doc.get("copy_bandwidth_gb_per_s")
+            doc["pct_of_copy"] = round(100 * doc["bytes_moved"] / (us["autogen"] * 1e-6) / 1e9 / copy_gbs, 1) \
+                if copy_gbs else None
+            doc["peers_gb_per_s"] = {k: round(4 * n / (v * 1e-6) / 1e9, 1) for k, v in us.items()}
+            doc["vs_cub"] = round(us["cub"] / us["autogen"], 3) if "cub" in us else None
+            torch_times = {k: v for k, v in us.items() if k.startswith("torch")}
+            doc["best_torch"] = min(torch_times, key=torch_times.get) if torch_times else None
+            doc["vs_torch"] = round(torch_times[doc["best_torch"]] / us["autogen"], 3) if torch_times else None
+            doc["targets"] = targets(family.name, problem.shape, doc["vs_cub"], doc["vs_torch"])
+        rows.append(doc)
+        (args.out / "bench_histogram_copy_if.json").write_text(json.dumps({"problems": rows}, indent=2, default=str))
+
+    total = time.monotonic() - started
+    (args.out / "bench_histogram_copy_if.json").write_text(
+        json.dumps({"problems": rows, "wall_s": round(total, 1), "database": db_url}, indent=2, default=str))
+    print(f"\n{'problem':<28} {'us':>9} {'GB/s in':>7} {'%copy':>6} {'CUB us':>9} {'xCUB':>6} {'torch us':>9} "
+          f"{'xtorch':>6} {'met':>4}  kernel")
+    for doc in rows:
+        print(row_text(doc))
+    print(f"\nGB/s in = 4 n bytes / time; %copy = bytes moved / time / measured copy bandwidth; torch = the "
+          f"fastest torch peer (see JSON for methods); wall {total:.0f} s; winners in {db_url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
