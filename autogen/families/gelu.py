@@ -63,8 +63,8 @@ class Gelu(Family):
     def tolerance_for(self, problem: Problem) -> float:
         return ew.tolerance(problem)
 
-    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False) -> dict:
-        return {**super().template_vars(dtype, config, host_launcher), "constants": pack_constants(dtype)}
+    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False, traits=()) -> dict:
+        return {**super().template_vars(dtype, config, host_launcher, traits), "constants": pack_constants(dtype)}
 
     # --- geometry -------------------------------------------------------------------------
     def launch(self, problem: Problem, config: Config) -> Launch:
