@@ -56,7 +56,7 @@ TRIAL_KEY = ("gpu_id", "family", "dtype", "shape_key", "kernel_name", "cache_mod
 WINNER_KEY = ("gpu_id", "family", "dtype", "shape_key", "cache_mode")
 VALIDATION_KEY = ("gpu_id", "family", "dtype", "shape_key", "source_hash")
 # "m=16384,n=16": name=size pairs. Families check their own dimension names, order and ranges.
-SHAPE_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[0-9]+(?:,[A-Za-z_][A-Za-z0-9_]*=[0-9]+)*")
+SHAPE_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=(?:[0-9]+|[A-Za-z_][A-Za-z0-9_]*)(?:,[A-Za-z_][A-Za-z0-9_]*=(?:[0-9]+|[A-Za-z_][A-Za-z0-9_]*))*")
 
 SQLITE_BUSY_TIMEOUT_MS = 30000
 SQLITE_PRAGMAS = (
