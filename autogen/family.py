@@ -114,6 +114,9 @@ class Family:
     # Exported entry points are autogen_<name> for the first dtype and autogen_<name>_<tag> for
     # the others; True names the dtype on every one (autogen_hgemv_f16, autogen_hgemv_bf16).
     export_names_dtype: bool = False
+    # True when the template honours the variable `pdl` ("on": the kernel waits for the previous
+    # kernel with griddepcontrol.wait after the loads that do not depend on it; see render()).
+    pdl_capable: bool = False
 
     # --- identity -------------------------------------------------------------------------
     @property

@@ -47,6 +47,11 @@ class Sgemv(Family):
     template = "sgemv.cu.j2"
     selftest_template = "export/selftest_sgemv.cu.j2"
     api = "sgemv"
+    # The template's `pdl` variable (render(..., pdl=True)): griddepcontrol.wait after the
+    # weights' prefetch, for chains of small kernels launched with programmatic stream
+    # serialization (autogen.launch). Not a searched parameter: one kernel timed alone
+    # cannot show what it gains.
+    pdl_capable = True
     dims = ("m", "n")
     dtypes = ("float32",)
     space = SPACE
