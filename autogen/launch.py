@@ -99,6 +99,7 @@ _NUMPY_TO_CTYPES = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.uint32): cty
 def c_argument(value):
     """A ctypes object holding one kernel argument: a pointer for anything with `.data.ptr`
     (CuPy arrays) or `__cuda_array_interface__`, a C scalar for NumPy scalars and 0-d arrays."""
+    value = getattr(value, "held", value)  # autogen.family.kernel_scalar's holders
     data = getattr(value, "data", None)
     if data is not None and hasattr(data, "ptr"):
         return ctypes.c_void_p(data.ptr)
