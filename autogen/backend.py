@@ -3,6 +3,11 @@
 GpuBackend is the real one: NVRTC compiles in a pool of worker processes (one per core) while
 an isolated child process validates and times earlier variants on the GPU. Tests of search and
 storage swap in autogen.testing.replay.ReplayBackend, which replays timings recorded on a GPU.
+
+Start-up overlaps the parent's own work: `prestart` (called by `autogen tune` before it imports
+the tuner, Optuna and SQLAlchemy) spawns the GPU worker and the compile pool at once; the
+worker creates its CUDA context while the parent imports and reads the database, and the
+backend that needs them adopts them. A run answered from the database discards them unused.
 """
 
 from __future__ import annotations
@@ -14,6 +19,46 @@ import os
 from .compile import compile_cubin
 from .worker import IsolatedEvaluator, WorkSpec
 
+# Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
+_prestarted: dict = {"evaluator": None, "pool": None}
+
+
+def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    context = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+    # Spawn every compile worker now (they import NVRTC's bindings while the GPU worker starts).
+    for _ in range(workers):
+        pool.submit(os.getpid)
+    return pool
+
+
+def prestart(spec: WorkSpec, workers: int, eval_timeout_s: float) -> None:
+    """Spawn the GPU worker for `spec` and the compile pool now; returns at once."""
+    discard_prestarted()
+    _prestarted["pool"] = (workers, _new_pool(workers))
+    _prestarted["evaluator"] = IsolatedEvaluator(spec, eval_timeout_s)
+
+
+def discard_prestarted() -> None:
+    """Stop what prestart started and nobody adopted (a run answered from the database)."""
+    evaluator, _prestarted["evaluator"] = _prestarted["evaluator"], None
+    if evaluator is not None:
+        evaluator.discard()
+    pool, _prestarted["pool"] = _prestarted["pool"], None
+    if pool is not None:
+        pool[1].shutdown(wait=False, cancel_futures=True)
+
+
+def _adopt(spec: WorkSpec, workers: int, eval_timeout_s: float):
+    evaluator, pool = _prestarted["evaluator"], _prestarted["pool"]
+    adopted_evaluator = adopted_pool = None
+    if evaluator is not None and evaluator.spec == spec:
+        evaluator.timeout_s = eval_timeout_s
+        adopted_evaluator, _prestarted["evaluator"] = evaluator, None
+    if pool is not None and pool[0] == workers:
+        adopted_pool, _prestarted["pool"] = pool[1], None
+    return adopted_evaluator, adopted_pool
+
 
 class GpuBackend:
     def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float):
@@ -24,13 +69,11 @@ class GpuBackend:
         self.evaluator: IsolatedEvaluator | None = None
 
     def __enter__(self) -> "GpuBackend":
-        context = multiprocessing.get_context("spawn")
-        self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
-        # Start the compile workers while the GPU worker creates its CUDA context.
-        for _ in range(self.workers):
-            self._pool.submit(os.getpid)
+        evaluator, pool = _adopt(self.spec, self.workers, self.eval_timeout_s)
+        self._pool = pool or _new_pool(self.workers)
         try:
-            self.evaluator = IsolatedEvaluator(self.spec, self.eval_timeout_s)
+            # Spawned, not waited for: the first request (or .device) waits for its context.
+            self.evaluator = evaluator or IsolatedEvaluator(self.spec, self.eval_timeout_s)
         except BaseException:
             self._pool.shutdown(cancel_futures=True)
             raise
