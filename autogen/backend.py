@@ -5,9 +5,9 @@ an isolated child process validates and times earlier variants on the GPU. Tests
 storage swap in autogen.testing.replay.ReplayBackend, which replays timings recorded on a GPU.
 
 Start-up overlaps the parent's own work: `prestart` (called by `autogen tune` before it imports
-the tuner, Optuna and SQLAlchemy) spawns the GPU worker and the compile pool at once; the
-worker creates its CUDA context while the parent imports and reads the database, and the
-backend that needs them adopts them. A run answered from the database discards them unused.
+the tuner, Optuna and SQLAlchemy) spawns the GPU worker at once; it creates its CUDA context
+while the parent imports and reads the database, and the backend that needs it adopts it (a run
+answered from the database discards it unused). The compile pool is spawned by a helper thread.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .compile import compile_cubin
 from .worker import IsolatedEvaluator, WorkSpec
 
 # Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
-_prestarted: dict = {"evaluator": None, "pool": None}
+_prestarted: dict = {"evaluator": None}
 
 
 def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
@@ -33,9 +33,9 @@ def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
 
 
 def prestart(spec: WorkSpec, workers: int, eval_timeout_s: float) -> None:
-    """Spawn the GPU worker for `spec` and the compile pool now; returns at once."""
+    """Spawn the GPU worker for `spec` now (one process; the long pole of start-up is its CUDA
+    context); returns at once. The compile pool is started by the backend, in the background."""
     discard_prestarted()
-    _prestarted["pool"] = (workers, _new_pool(workers))
     _prestarted["evaluator"] = IsolatedEvaluator(spec, eval_timeout_s)
 
 
@@ -44,20 +44,15 @@ def discard_prestarted() -> None:
     evaluator, _prestarted["evaluator"] = _prestarted["evaluator"], None
     if evaluator is not None:
         evaluator.discard()
-    pool, _prestarted["pool"] = _prestarted["pool"], None
-    if pool is not None:
-        pool[1].shutdown(wait=False, cancel_futures=True)
 
 
-def _adopt(spec: WorkSpec, workers: int, eval_timeout_s: float):
-    evaluator, pool = _prestarted["evaluator"], _prestarted["pool"]
-    adopted_evaluator = adopted_pool = None
+def _adopt(spec: WorkSpec, eval_timeout_s: float):
+    evaluator = _prestarted["evaluator"]
     if evaluator is not None and evaluator.spec == spec:
         evaluator.timeout_s = eval_timeout_s
-        adopted_evaluator, _prestarted["evaluator"] = evaluator, None
-    if pool is not None and pool[0] == workers:
-        adopted_pool, _prestarted["pool"] = pool[1], None
-    return adopted_evaluator, adopted_pool
+        _prestarted["evaluator"] = None
+        return evaluator
+    return None
 
 
 class GpuBackend:
@@ -65,24 +60,32 @@ class GpuBackend:
         self.spec = spec
         self.workers = workers
         self.eval_timeout_s = eval_timeout_s
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool_future: concurrent.futures.Future | None = None
         self.evaluator: IsolatedEvaluator | None = None
 
     def __enter__(self) -> "GpuBackend":
-        evaluator, pool = _adopt(self.spec, self.workers, self.eval_timeout_s)
-        self._pool = pool or _new_pool(self.workers)
+        # Spawning one process per core takes the spawning thread ~10 ms each: a helper thread
+        # does it while this one goes on (the first compile waits for the pool).
+        starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-pool")
+        self._pool_future = starter.submit(_new_pool, self.workers)
+        starter.shutdown(wait=False)
         try:
             # Spawned, not waited for: the first request (or .device) waits for its context.
-            self.evaluator = evaluator or IsolatedEvaluator(self.spec, self.eval_timeout_s)
+            self.evaluator = _adopt(self.spec, self.eval_timeout_s) or IsolatedEvaluator(self.spec,
+                                                                                          self.eval_timeout_s)
         except BaseException:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool_future.result().shutdown(cancel_futures=True)
             raise
         return self
 
     def __exit__(self, *exc_info) -> None:
         if self.evaluator is not None:
             self.evaluator.close()
-        self._pool.shutdown(cancel_futures=True)
+        self._pool_future.result().shutdown(cancel_futures=True)
+
+    @property
+    def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        return self._pool_future.result()
 
     @property
     def device(self):
