@@ -124,6 +124,8 @@ class Tuner:
                 end = finish(family, problem, options, self.db, device, backend, nothing_new, self.progress)
             result.worker_restarts = backend.evaluator.restarts
             result.phases_s["imports"] = round(imported - started, 2)
+            # Where the GPU worker's time went (seconds waited per request kind, start-up parts).
+            result.phases_s.update({f"gpu_{k}": v for k, v in getattr(backend.evaluator, "waited_s", {}).items()})
         result.winner, result.candidates = end.winner, end.finalists
         result.copy_gbs, result.fp32_tflops = end.copy_gbs, end.fp32_tflops
         result.measured, result.failed = counts.measured, counts.failed

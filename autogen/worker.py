@@ -12,6 +12,7 @@ import importlib
 import multiprocessing
 import os
 import secrets
+import time
 from dataclasses import dataclass
 
 from . import roofline
@@ -89,8 +90,13 @@ class Evaluator:
     """Validates and times variants of one problem on the current GPU, in this process."""
 
     def __init__(self, spec: WorkSpec):
+        began = time.monotonic()
         importlib.import_module(spec.family_module)  # registers a user's family in this process too
         self.cupy = require_cupy()
+        imported = time.monotonic()
+        self.cupy.cuda.runtime.free(0)  # creates the CUDA context now, where it is timed
+        self.startup_s = {"worker_imports": round(imported - began, 3),
+                          "worker_context": round(time.monotonic() - imported, 3)}
         self.family = get_family(spec.family)
         self.problem = self.family.problem(spec.dtype, **dict(spec.dims))
         self.device = device_identity()
@@ -187,7 +193,7 @@ class Evaluator:
         raise TypeError(f"the GPU worker has no request {type(request).__name__}")
 
     def identity(self):
-        return self.device, free_device_memory()
+        return self.device, free_device_memory(), self.startup_s
 
     def _note_context_health(self) -> None:
         # Sticky errors (illegal address, trap) leave the context unusable: the process must go.
@@ -244,6 +250,7 @@ class IsolatedEvaluator:
         self._process = None
         self._conn = None
         self._identity = None
+        self.waited_s: dict[str, float] = {}  # seconds the caller waited, per request kind (phases)
         self._spawn()  # the child imports CuPy and creates its context while the caller goes on
 
     @property
@@ -255,10 +262,18 @@ class IsolatedEvaluator:
         return self._ready()[1]
 
     def _ready(self):
-        """(device identity, free bytes) from the worker's first message, waited for once."""
+        """(device identity, free bytes, start-up timings) from the worker's first message,
+        waited for once."""
         if self._identity is None:
+            began = time.monotonic()
             self._identity = self._receive(STARTUP_TIMEOUT_S, "starting the GPU worker")
+            self._count("startup_wait", time.monotonic() - began)
+            for name, seconds in (self._identity[2] if len(self._identity) > 2 else {}).items():
+                self.waited_s[name] = seconds
         return self._identity
+
+    def _count(self, what: str, seconds: float) -> None:
+        self.waited_s[what] = round(self.waited_s.get(what, 0.0) + seconds, 3)
 
     def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -294,8 +309,12 @@ class IsolatedEvaluator:
             self.restarts += 1
             self._start()
         self._ready()
+        began = time.monotonic()
         self._conn.send(request)
-        return self._receive(timeout_s or self.timeout_s, f"in {type(request).__name__}")
+        try:
+            return self._receive(timeout_s or self.timeout_s, f"in {type(request).__name__}")
+        finally:
+            self._count(type(request).__name__, time.monotonic() - began)
 
     # The calls the tuner makes; autogen.testing.replay.ReplayEvaluator answers the same ones.
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
