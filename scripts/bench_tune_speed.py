@@ -132,7 +132,12 @@ def main() -> int:
                         help='another command to time, e.g. "reduce:--n 16777216" (no quality check)')
     parser.add_argument("--cupy-cold", action="store_true", help="also empty CuPy's kernel cache")
     parser.add_argument("--no-quality", action="store_true", help="skip the exhaustive comparison")
+    parser.add_argument("--root", type=Path, help="the autogen checkout to time (default: this one), "
+                                                   "e.g. a checkout of main for the 'before' figures")
     args = parser.parse_args()
+    if args.root:
+        global ROOT
+        ROOT = args.root.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"imports": import_time(),
               "runs": [bench_one(args.family, shlex.split(args.dims), args.cupy_cold, not args.no_quality)]}
