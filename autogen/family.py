@@ -564,6 +564,9 @@ def _held_scalar(scalar):
 def _holder_class():
     """A Python subclass of CuPy's CNumpyArray (a CPointer: its launcher passes CPointers as
     they are), or False where this CuPy has none or it cannot be subclassed."""
+    import os
+    if os.environ.get("AUTOGEN_PLAIN_SCALARS"):  # kill switch: NumPy scalars, converted per launch
+        return False
     cupy = sys.modules.get("cupy")
     base = getattr(getattr(getattr(cupy, "cuda", None), "function", None), "CNumpyArray", None)
     if base is None:
