@@ -22,11 +22,11 @@ def lookup(family, dtype=None, strict=False, **dims):
     return _lookup(family, dtype, strict, **dims)
 
 
-def call(family, *args, stream=None, **kwargs):
+def call(family, *args, stream=None, pdl=False, **kwargs):
     """Run `family` (any registered name, e.g. "mykernels.axpy") on these operands with the
     best kernel autogen has for this GPU and shape."""
     from .dispatch import call as _call
-    return _call(get_family(family).name, args, kwargs, stream)
+    return _call(get_family(family).name, args, kwargs, stream, pdl)
 
 
 def __getattr__(name: str):
@@ -41,11 +41,10 @@ def __getattr__(name: str):
 
 
 def _call_function(family_name: str, api: str, doc: str | None):
-    from . import dispatch
+    # The dispatcher's hot path itself (no wrapper around it): one Python call per kernel call.
+    from .dispatch import make_call
 
-    def call_family(*args, stream=None, **kwargs):
-        return dispatch.call(family_name, args, kwargs, stream)
-
+    call_family = make_call(family_name)
     call_family.__name__ = call_family.__qualname__ = api
     call_family.__doc__ = doc
     return call_family

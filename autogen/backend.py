@@ -3,6 +3,11 @@
 GpuBackend is the real one: NVRTC compiles in a pool of worker processes (one per core) while
 an isolated child process validates and times earlier variants on the GPU. Tests of search and
 storage swap in autogen.testing.replay.ReplayBackend, which replays timings recorded on a GPU.
+
+Start-up overlaps the parent's own work: `prestart` (called by `autogen tune` before it imports
+the tuner, Optuna and SQLAlchemy) spawns the GPU worker at once; it creates its CUDA context
+while the parent imports and reads the database, and the backend that needs it adopts it (a run
+answered from the database discards it unused). The compile pool is spawned by a helper thread.
 """
 
 from __future__ import annotations
@@ -14,32 +19,73 @@ import os
 from .compile import compile_cubin
 from .worker import IsolatedEvaluator, WorkSpec
 
+# Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
+_prestarted: dict = {"evaluator": None}
+
+
+def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    context = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+    # Spawn every compile worker now (they import NVRTC's bindings while the GPU worker starts).
+    for _ in range(workers):
+        pool.submit(os.getpid)
+    return pool
+
+
+def prestart(spec: WorkSpec, workers: int, eval_timeout_s: float) -> None:
+    """Spawn the GPU worker for `spec` now (one process; the long pole of start-up is its CUDA
+    context); returns at once. The compile pool is started by the backend, in the background."""
+    discard_prestarted()
+    _prestarted["evaluator"] = IsolatedEvaluator(spec, eval_timeout_s)
+
+
+def discard_prestarted() -> None:
+    """Stop what prestart started and nobody adopted (a run answered from the database)."""
+    evaluator, _prestarted["evaluator"] = _prestarted["evaluator"], None
+    if evaluator is not None:
+        evaluator.discard()
+
+
+def _adopt(spec: WorkSpec, eval_timeout_s: float):
+    evaluator = _prestarted["evaluator"]
+    if evaluator is not None and evaluator.spec == spec:
+        evaluator.timeout_s = eval_timeout_s
+        _prestarted["evaluator"] = None
+        return evaluator
+    return None
+
 
 class GpuBackend:
     def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float):
         self.spec = spec
         self.workers = workers
         self.eval_timeout_s = eval_timeout_s
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool_future: concurrent.futures.Future | None = None
         self.evaluator: IsolatedEvaluator | None = None
 
     def __enter__(self) -> "GpuBackend":
-        context = multiprocessing.get_context("spawn")
-        self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
-        # Start the compile workers while the GPU worker creates its CUDA context.
-        for _ in range(self.workers):
-            self._pool.submit(os.getpid)
+        # Spawning one process per core takes the spawning thread ~10 ms each: a helper thread
+        # does it while this one goes on (the first compile waits for the pool).
+        starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-pool")
+        self._pool_future = starter.submit(_new_pool, self.workers)
+        starter.shutdown(wait=False)
         try:
-            self.evaluator = IsolatedEvaluator(self.spec, self.eval_timeout_s)
+            # Spawned, not waited for: the first request (or .device) waits for its context.
+            self.evaluator = _adopt(self.spec, self.eval_timeout_s) or IsolatedEvaluator(self.spec,
+                                                                                          self.eval_timeout_s)
         except BaseException:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool_future.result().shutdown(cancel_futures=True)
             raise
         return self
 
     def __exit__(self, *exc_info) -> None:
         if self.evaluator is not None:
             self.evaluator.close()
-        self._pool.shutdown(cancel_futures=True)
+        self._pool_future.result().shutdown(cancel_futures=True)
+
+    @property
+    def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        return self._pool_future.result()
 
     @property
     def device(self):

@@ -68,6 +68,9 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     tune.add_argument("--workers", type=int, help="compile processes (default: one per core)")
     tune.add_argument("--no-warm-start", action="store_true", help="do not seed from nearby tuned shapes")
     tune.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
+    tune.add_argument("--refresh", action="store_true",
+                      help="re-time a stale winner's best few trials in this environment (driver, runtime, NVRTC, "
+                           "autogen or template changed) instead of searching")
     tune.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_db_arg(tune)
 

@@ -24,26 +24,44 @@ def _family(args):
 
 
 def cmd_tune(args) -> int:
+    check_tune_options(args)
+    problems = problems_from_args(args, _family(args))
+    _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
     from .gpu import require_cupy
     from .tuner import TuneOptions, check_options, tune
 
-    check_tune_options(args)
-    problems = problems_from_args(args, _family(args))
     options = TuneOptions(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed,
                           cache_mode=args.cache, db_url=args.db, warm_start=not args.no_warm_start,
-                          eval_timeout_s=args.eval_timeout,
+                          eval_timeout_s=args.eval_timeout, refresh=getattr(args, "refresh", False),
                           **({"workers": args.workers} if args.workers else {}))
     check_options(options)
     require_cupy()
     documents = []
-    for problem in problems:
-        document = tune_summary(tune(problem, options))
-        documents.append(document)
-        if not args.json:
-            print(tune_table(document) + ("\n" if len(problems) > 1 else ""), flush=True)
+    try:
+        for problem in problems:
+            document = tune_summary(tune(problem, options))
+            documents.append(document)
+            if not args.json:
+                print(tune_table(document) + ("\n" if len(problems) > 1 else ""), flush=True)
+    finally:
+        from .backend import discard_prestarted
+        discard_prestarted()  # unused when the database answered
     if args.json:
         print(to_json(documents[0] if len(documents) == 1 else documents))
     return 0 if all(d["winner"] for d in documents) else 1
+
+
+def _prestart_gpu_work(args, problem) -> None:
+    """Spawn the GPU worker and the compile pool of the first problem now (autogen.backend),
+    where CuPy is installed; without it the tuner says so after its checks, as before."""
+    import importlib.util
+    import os
+
+    if os.environ.get("AUTOGEN_NO_PRESTART") or importlib.util.find_spec("cupy") is None:
+        return
+    from .backend import prestart
+    from .worker import WorkSpec, default_workers
+    prestart(WorkSpec.of(problem, args.cache), args.workers or default_workers(), args.eval_timeout)
 
 
 def cmd_bench(args) -> int:
@@ -114,6 +132,7 @@ def cmd_list(args) -> int:
         get_family(args.family)
     found, invalid = _winners(args.db, family=args.family)
     _report_invalid(invalid)
+    stale_of = _staleness()
     rows = []
     for source, w in sorted(found,
                             key=lambda p: (p[1].device.name, p[1].trial.family, p[1].trial.dtype, p[1].trial.shape_key,
@@ -123,20 +142,47 @@ def cmd_list(args) -> int:
                      "shape": w.trial.shape_key, "cache": w.trial.cache_mode, "kernel": w.trial.kernel_name,
                      "time_us": round(w.trial.time_us, 3) if w.trial.time_us else None,
                      "peer_time_us": round(w.peer_time_us, 3) if w.peer_time_us else None,
-                     "speedup": round(speedup, 3) if speedup else None, "source": source})
+                     "speedup": round(speedup, 3) if speedup else None, "source": source,
+                     "stale": stale_of(w)})
     if args.json:
         print(to_json(rows))
         return 0
     if not rows:
         print("nothing tuned yet", file=sys.stderr)
         return 0
-    header = ("gpu", "family", "dtype", "shape", "cache", "kernel", "time_us", "peer_time_us", "speedup", "source")
-    cells = [[terminal_text(r[h] if r[h] is not None else "-") for h in header] for r in rows]
+    header = ("gpu", "family", "dtype", "shape", "cache", "kernel", "time_us", "peer_time_us", "speedup", "source",
+              "stale")
+    cells = [[terminal_text(("; ".join(r[h]) or "-") if h == "stale" else r[h] if r[h] is not None else "-")
+              for h in header] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for row in cells:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
     return 0
+
+
+def _staleness():
+    """winner -> why it is stale here (autogen.environment): template and autogen version always;
+    driver, runtime and NVRTC for winners of this machine's GPU, where one is visible."""
+    from .environment import stale_reasons, winner_source_hash
+    from .errors import AutogenError, GpuUnavailableError
+
+    try:
+        from .gpu import device_identity
+        local = device_identity()
+    except (GpuUnavailableError, AutogenError):
+        local = None
+
+    def stale(winner) -> list[str]:
+        try:
+            family = get_family(winner.trial.family)
+        except AutogenError:
+            return ["unknown family"]
+        same_gpu = local is not None and (local.name, local.compute_capability) == (
+            winner.device.name, winner.device.compute_capability)
+        return list(stale_reasons(winner, winner_source_hash(family, winner), local if same_gpu else None))
+
+    return stale
 
 
 def cmd_show(args) -> int:

@@ -8,6 +8,14 @@ The chain, first match wins (`served_by` names the step):
 Every step but "exact" is validated once on the new shape before it is served, and the check is
 remembered in the database; a kernel that fails it is skipped. The user's database is consulted
 before the pre-tuned catalog shipped with autogen. A hit costs a dictionary lookup and the launch.
+
+Stale winners (autogen.environment: measured with another driver, runtime, NVRTC or autogen, or
+whose template changed since) are validated here, once per process, before they are served.
+
+The hot path (make_call: autogen.sgemv and the other per-family calls): the family's bind checks
+the operands (dtype, shape, device, layout), one dictionary keyed by (device, problem, pdl) gives
+the kernel, whose launch walks plain tuples. Building a kernel (compile, maybe validate) never
+happens inside CUDA graph capture: that raises CaptureError asking for a warm-up call.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ from tuning_db import DatabaseError, TuningDB, one_per_problem
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
 from tuning_db.repository import display_url
 
-from .errors import ArgumentError, InvalidConfigError, NotTunedError, UsageError
-from .family import get_family
+from .errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
+from .family import call_stream, get_family
 from .notes import note_once
 from .problem import Config, Problem, nearest, parse_shape_key, problem_of_record
 from .render import render, source_hash
@@ -38,24 +46,52 @@ class TunedKernel:
     provenance: dict
     _steps: list = field(repr=False, default_factory=list)  # (cupy Function, Step)
     _module: object = field(repr=False, default=None)  # keeps the loaded module alive
+    stale: tuple = ()  # why the stored winner is stale here (autogen.environment); () when fresh
+    pdl: bool = False  # launched with programmatic stream serialization (autogen.launch)
 
     def __call__(self, *args, stream=None, **kwargs):
         cupy = _cupy()
-        problem, inputs, result = get_family(self.problem.family).bind(
-            cupy, cupy.cuda.runtime.getDevice(), args, kwargs)
+        family = get_family(self.problem.family)
+        resolved = resolve_stream(cupy, stream, args)
+        with call_stream(resolved):
+            problem, inputs, result = family.bind(cupy, cupy.cuda.runtime.getDevice(), args, kwargs)
         if problem != self.problem:
             raise ArgumentError(f"{self.name} serves {self.problem}, called with {problem}")
-        self.launch(inputs, resolve_stream(cupy, stream, args))
+        self.launch(inputs, resolved)
         return result
 
     def __post_init__(self):
         # Flattened once: a dispatched call walks plain tuples, not attribute chains.
-        self._launches = tuple((function, step.launch.grid, step.launch.block, step.args, step.launch.shared_bytes)
-                               for function, step in self._steps)
+        launches = []
+        for function, step in self._steps:
+            if self.pdl:
+                function = _PdlFunction(function)
+            launches.append((function, step.launch.grid, step.launch.block, step.args, step.launch.shared_bytes))
+        self._launches = tuple(launches)
+        if len(self._launches) == 1:
+            function, grid, block, args, shared_bytes = self._launches[0]
+
+            def launch(inputs: dict, stream=None) -> None:
+                function(grid, block, args(inputs), shared_bytes, stream)
+
+            self.launch = launch  # one step: no loop, no tuple unpacking per call
 
     def launch(self, inputs: dict, stream=None) -> None:
         for function, grid, block, args, shared_bytes in self._launches:
             function(grid, block, args(inputs), shared_bytes, stream)
+
+
+class _PdlFunction:
+    """A CuPy Function launched through cuLaunchKernelEx with programmatic stream serialization."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, grid, block, args, shared_bytes=0, stream=None):
+        from .launch import launch_ex
+        cupy = _cupy()
+        pointer = stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
+        launch_ex(self.function.ptr, grid, block, args, shared_bytes, pointer, pdl=True)
 
 
 class Dispatcher:
@@ -77,27 +113,50 @@ class Dispatcher:
             self._dbs = [TuningDB(self.db_url, readonly=True)] + ([shipped] if shipped is not None else [])
         return self._dbs
 
-    def lookup(self, problem: Problem, strict: bool = False, device: int | None = None) -> TunedKernel:
-        key = (_cupy().cuda.runtime.getDevice() if device is None else device, problem, strict)
+    def lookup(self, problem: Problem, strict: bool = False, device: int | None = None,
+               pdl: bool = False, stream=None) -> TunedKernel:
+        """The kernel served for `problem` on `device` (default: the current one). Building it
+        (compile, maybe validate) refuses to run inside CUDA graph capture on `stream` (default:
+        CuPy's current stream): CaptureError, asking for a warm-up call outside the graph."""
+        device = _cupy().cuda.runtime.getDevice() if device is None else device
+        key = (device, problem, pdl) if not strict else (device, problem, pdl, strict)
         kernel = self._kernels.get(key)
         if kernel is None:
             with self._lock:  # one thread builds, the others wait and then hit the cache
                 kernel = self._kernels.get(key)
                 if kernel is None:
-                    kernel = self._build(problem, strict)
+                    _refuse_inside_capture(problem, stream)
+                    kernel = self._build(problem, strict, pdl) if pdl else self._build(problem, strict)
                     self._kernels[key] = kernel
         return kernel
 
     # --- the chain ------------------------------------------------------------------------
-    def _build(self, problem: Problem, strict: bool) -> TunedKernel:
+    def _build(self, problem: Problem, strict: bool, pdl: bool = False) -> TunedKernel:
+        from .environment import stale_reasons
         from .gpu import device_identity
 
         family = get_family(problem.family)
         device = device_identity()
+        if pdl and not getattr(family, "pdl_capable", False):
+            raise UsageError(f"{family.name} has no programmatic-dependent-launch variant (pdl=True)")
+        # Before sm_90 there is no griddepcontrol: the plain kernel and launch serve a pdl=True call.
+        pdl = pdl and int(device.compute_capability.split(".")[0]) >= 9
         for served_by, winner in self._candidates(family, problem, device, strict):
             config = family.space.check(winner.trial.params) if winner else family.default_config(problem)
-            kernel = self._compile(family, problem, config, served_by, winner, device)
-            if served_by == "exact" or self._validated(family, problem, config, kernel, device):
+            kernel = self._compile(family, problem, config, served_by, winner, device, *((True,) if pdl else ()))
+            if winner is not None:
+                kernel.stale = stale_reasons(winner, kernel.provenance.get("plain_source_hash"), device)
+            if kernel.stale:
+                # Measured elsewhere (another driver, runtime, NVRTC or autogen) or from another
+                # source: checked here before it is served, whatever was stored about it.
+                if self._validated(family, problem, config, kernel, device, True):
+                    note_once(("stale", device.name, problem, kernel.name),
+                              f"the stored {problem} winner {kernel.name} is stale ({'; '.join(kernel.stale)}): "
+                              f"validated here before serving it; `autogen tune {problem.family} ... --refresh` "
+                              "re-times it in this environment")
+                    return kernel
+                continue
+            if (served_by == "exact" and not pdl) or self._validated(family, problem, config, kernel, device):
                 return kernel
         raise NotTunedError(f"no validated kernel for {problem} on {device.name}")
 
@@ -123,36 +182,30 @@ class Dispatcher:
         yield "default", None
 
     def _compile(self, family, problem, config: Config, served_by, winner: WinnerRecord | None,
-                 device: DeviceIdentity) -> TunedKernel:
+                 device: DeviceIdentity, pdl: bool = False) -> TunedKernel:
         from .compile import compile_cubin, compile_options
+        from .render import PDL_SUFFIX
 
         cupy = _cupy()
-        source = render(family, problem.dtype, config, traits=problem.traits)
-        name = family.kernel_name(problem.dtype, config, problem.traits)
+        plain = render(family, problem.dtype, config, traits=problem.traits)
+        source = render(family, problem.dtype, config, traits=problem.traits, pdl=True) if pdl else plain
+        name = family.kernel_name(problem.dtype, config, problem.traits) + (PDL_SUFFIX if pdl else "")
         module = cupy.cuda.function.Module()
         module.load(compile_cubin(source, device.arch))
         steps = [(module.get_function(name + step.suffix), step) for step in family.plan(problem, config)]
         provenance = {"gpu": device.name, "arch": device.arch, "source_hash": source_hash(source),
+                      "plain_source_hash": source_hash(plain),
                       "compile_options": " ".join(compile_options(device.arch))}
         if winner is not None:
             provenance.update(tuned_on=winner.device.name, tuned_shape=winner.trial.shape_key,
                               tuned_time_us=winner.trial.time_us, peer=winner.peer_name,
                               peer_time_us=winner.peer_time_us, driver_version=winner.device.driver_version,
-                              nvrtc_version=winner.device.nvrtc_version, updated_at=winner.updated_at)
-        return TunedKernel(problem, name, config.as_dict(), served_by, provenance, steps, module)
+                              runtime_version=winner.device.runtime_version,
+                              nvrtc_version=winner.device.nvrtc_version, tuned_source_hash=winner.trial.source_hash,
+                              autogen_version=winner.autogen_version, updated_at=winner.updated_at)
+        return TunedKernel(problem, name, config.as_dict(), served_by, provenance, steps, module, pdl=pdl)
 
-    def _validated(self, family, problem: Problem, config: Config, kernel: TunedKernel,
-                   device: DeviceIdentity) -> bool:
-        """Check a kernel on a shape it was not tuned for, once; the verdict is stored (kept in
-        memory where the database cannot take it)."""
-        user_db = self.databases()[0]
-        digest = kernel.provenance["source_hash"]
-        remembered = (device.name, device.compute_capability, problem, digest)
-        if remembered in self._verdicts:
-            return self._verdicts[remembered]
-        known = user_db.validation(device, problem.family, problem.dtype, problem.shape_key, digest)
-        if known is not None:
-            return known.passed
+    def _check(self, family, problem: Problem, kernel: TunedKernel):
         from .measure import validate
         import secrets
 
@@ -160,6 +213,27 @@ class Dispatcher:
         check = validate(family, problem, lambda inputs: kernel.launch(inputs), cupy,
                          cupy.random.default_rng(secrets.randbits(63)))
         cupy.cuda.get_current_stream().synchronize()
+        return check
+
+    def _validated(self, family, problem: Problem, config: Config, kernel: TunedKernel,
+                   device: DeviceIdentity, here: bool = False) -> bool:
+        """Check a kernel on a shape it was not tuned for, once; the verdict is stored (kept in
+        memory where the database cannot take it). `here`: a stale winner, validated in this
+        process and environment whatever the database says; the verdict is kept for the process."""
+        digest = kernel.provenance["source_hash"]
+        if here:
+            remembered = ("here", device.name, device.compute_capability, problem, digest)
+            if remembered not in self._verdicts:
+                self._verdicts[remembered] = self._check(family, problem, kernel).ok
+            return self._verdicts[remembered]
+        user_db = self.databases()[0]
+        remembered = (device.name, device.compute_capability, problem, digest)
+        if remembered in self._verdicts:
+            return self._verdicts[remembered]
+        known = user_db.validation(device, problem.family, problem.dtype, problem.shape_key, digest)
+        if known is not None:
+            return known.passed
+        check = self._check(family, problem, kernel)
         self._verdicts[remembered] = check.ok
         self._store_validation(device, ValidationRecord(
             family=problem.family, dtype=problem.dtype, shape_key=problem.shape_key,
@@ -232,19 +306,77 @@ def default_dispatcher() -> Dispatcher:
     return _default_dispatcher
 
 
-def lookup(family: str, dtype: str | None = None, strict: bool = False, **dims: int) -> TunedKernel:
-    """The kernel autogen serves for `family` at this shape on the current GPU."""
-    return default_dispatcher().lookup(get_family(family).problem(dtype, **dims), strict)
+def lookup(family: str, dtype: str | None = None, strict: bool = False, pdl: bool = False, **dims: int) -> TunedKernel:
+    """The kernel autogen serves for `family` at this shape on the current GPU (`pdl=True`: its
+    programmatic-dependent-launch variant, see autogen.launch)."""
+    return default_dispatcher().lookup(get_family(family).problem(dtype, **dims), strict, pdl=pdl)
 
 
-def call(family_name: str, args: tuple, kwargs: dict, stream=None):
+def call(family_name: str, args: tuple, kwargs: dict, stream=None, pdl: bool = False):
     """Bind the arguments, find (or reuse) the kernel for their shape, launch it."""
-    cupy = _CUPY or _cupy()
-    device = cupy.cuda.runtime.getDevice()
-    problem, inputs, result = get_family(family_name).bind(cupy, device, args, kwargs)
-    dispatcher = _default_dispatcher or default_dispatcher()
-    dispatcher.lookup(problem, False, device).launch(inputs, resolve_stream(cupy, stream, args))
-    return result
+    return make_call(family_name)(*args, stream=stream, pdl=pdl, **kwargs)
+
+
+_calls: dict[str, object] = {}
+
+
+def make_call(family_name: str):
+    """The function behind autogen.<api> for one family (cached): bind, one dictionary hit,
+    launch. Every check of the family's bind runs on every call."""
+    found = _calls.get(family_name)
+    if found is not None and found.family is get_family(family_name):
+        return found
+    family = get_family(family_name)
+    bind = family.bind
+    module = sys.modules[__name__]
+    cupy = get_device = ndarray = None  # set by the first call: naming autogen.sgemv needs no GPU
+
+    def call_family(*args, stream=None, pdl=False, **kwargs):
+        nonlocal cupy, get_device, ndarray
+        if cupy is None:
+            cupy = _cupy()
+            get_device, ndarray = cupy.cuda.runtime.getDevice, cupy.ndarray
+        device = get_device()
+        if stream is None and (not args or type(args[0]) is ndarray):
+            resolved = None  # CuPy operands on CuPy's current stream: the common case
+            problem, inputs, result = bind(cupy, device, args, kwargs)
+        else:
+            resolved = resolve_stream(cupy, stream, args)
+            with call_stream(resolved):  # families that keep per-stream workspace see it
+                problem, inputs, result = bind(cupy, device, args, kwargs)
+        dispatcher = module._default_dispatcher or default_dispatcher()
+        kernel = dispatcher._kernels.get((device, problem, pdl))
+        if kernel is None:
+            kernel = dispatcher.lookup(problem, False, device, pdl, resolved)
+        kernel.launch(inputs, resolved)
+        return result
+
+    call_family.family = family
+    _calls[family_name] = call_family
+    return call_family
+
+
+def _refuse_inside_capture(problem: Problem, stream) -> None:
+    """CaptureError where `stream` (None: CuPy's current stream) is capturing a CUDA graph."""
+    cupy = _CUPY or sys.modules.get("cupy")
+    if cupy is not None and capturing(cupy, stream):
+        raise CaptureError(
+            f"the first call for {problem} on this GPU compiles (and may validate) its kernel, which "
+            "cannot run inside CUDA graph capture: warm up: call it once with the same shapes outside "
+            "the graph, then capture")
+
+
+def capturing(cupy, stream=None) -> bool:
+    """Whether `stream` (a CuPy stream; None: the current one) is capturing a CUDA graph."""
+    try:
+        pointer = stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
+        is_capturing = cupy.cuda.runtime.streamIsCapturing
+    except AttributeError:  # a stand-in for CuPy (tests): nothing captures
+        return False
+    try:
+        return is_capturing(pointer) != 0
+    except Exception:  # an invalidated capture raises: that stream is capturing too
+        return True
 
 
 _external_streams: dict[int, object] = {}
@@ -283,4 +415,5 @@ class _StreamHandle:
         return (0, self.pointer)
 
 
-__all__ = ["Dispatcher", "TunedKernel", "call", "default_dispatcher", "lookup", "resolve_stream"]
+__all__ = ["Dispatcher", "TunedKernel", "call", "capturing", "default_dispatcher", "lookup", "make_call",
+           "resolve_stream"]

@@ -33,3 +33,8 @@ class CompileError(AutogenError):
 
 class NotTunedError(AutogenError):
     """Nothing stored (or servable) for the request, and the caller asked not to fall back."""
+
+
+class CaptureError(AutogenError):
+    """Work that cannot run inside CUDA graph capture was asked for there (a first call that
+    compiles, or an allocation CuPy's pool would make outside the graph): warm up, or pass out=."""

@@ -19,10 +19,12 @@ Installed packages make their families visible to the CLI through the entry-poin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
 import sys
+import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -115,6 +117,9 @@ class Family:
     # Exported entry points are autogen_<name> for the first dtype and autogen_<name>_<tag> for
     # the others; True names the dtype on every one (autogen_hgemv_f16, autogen_hgemv_bf16).
     export_names_dtype: bool = False
+    # True when the template honours the variable `pdl` ("on": the kernel waits for the previous
+    # kernel with griddepcontrol.wait after the loads that do not depend on it; see render()).
+    pdl_capable: bool = False
 
     # --- identity -------------------------------------------------------------------------
     @property
@@ -286,8 +291,23 @@ class Family:
     # --- calls from Python (the dispatcher) -------------------------------------------------
     def bind(self, cupy, device: int, args: tuple, kwargs: dict) -> tuple[Problem, dict, Any]:
         """Check a call's operands (on the current `device`) and turn them into
-        (problem, inputs dict, value to return)."""
+        (problem, inputs dict, value to return). It runs on every dispatched call: keep it to
+        cheap checks (device_array), cached problems (problem_cached) and no synchronisation.
+        Inside CUDA graph capture it must not allocate from CuPy's pool (new_output refuses;
+        take outputs and workspace from the caller or from a per-stream cache)."""
         raise NotImplementedError(f"{self.name} has no Python call API")
+
+    def example_call(self, problem: Problem, cupy) -> tuple[tuple, dict] | None:
+        """(args, kwargs) of a call of autogen.<api> at `problem`'s shape, made of CuPy arrays,
+        with every output passed in (out=, y=...) so that the call is safe inside CuPy's stream
+        capture. Used by scripts/bench_dispatch.py and tests/test_gpu_capture.py; None: no
+        example (the family is skipped there)."""
+        return None
+
+    @functools.lru_cache(maxsize=4096)
+    def problem_cached(self, dtype: str, dims: tuple[tuple[str, int | str], ...]) -> Problem:
+        """self.problem(dtype, **dict(dims)), validated once per shape: binds call it per call."""
+        return self.problem(dtype, **dict(dims))
 
 
 # --- the registry ---------------------------------------------------------------------------
@@ -455,13 +475,114 @@ def _on_cuda(obj) -> bool:
         return False
 
 
-def new_output(cupy, like, shape: tuple[int, ...], dtype: str):
-    """An output of the caller's kind: a torch tensor when the operand is one, else CuPy (a
-    bfloat16 CuPy output holds bit patterns, dtype uint16)."""
+def new_output(cupy, like, shape: tuple[int, ...], dtype: str, argument: str = "out"):
+    """An output of the caller's kind: a torch tensor when the operand is one (inside
+    torch.cuda.graph it comes from the graph's pool), else CuPy (a bfloat16 CuPy output holds bit
+    patterns, dtype uint16). Inside CuPy stream capture CuPy's pool cannot allocate for the graph:
+    CaptureError asks for `argument` to be passed in."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(like, torch.Tensor):
         return torch.empty(shape, dtype=getattr(torch, DTYPES[dtype].torch_name), device=like.device)
+    if stream_capturing(cupy):
+        from .errors import CaptureError
+        raise CaptureError(f"inside CUDA graph capture, pass {argument}= (allocated before the capture): "
+                           "CuPy's memory pool cannot allocate for the graph")
     return cupy.empty(shape, dtype=DTYPES[dtype].storage)
+
+
+# --- the stream of a dispatched call, CUDA graph capture, kernel scalars ----------------------
+
+_call_state = threading.local()
+
+
+@contextlib.contextmanager
+def call_stream(stream):
+    """Within: the stream the dispatched call will launch on (a CuPy stream; None: the
+    framework's current one), for binds that keep per-stream workspace (call_stream_ptr)."""
+    previous = getattr(_call_state, "stream", None)
+    _call_state.stream = stream
+    try:
+        yield
+    finally:
+        _call_state.stream = previous
+
+
+def call_stream_ptr(cupy, like) -> int:
+    """The handle of the stream the current dispatched call launches on: the one given with
+    stream=, else PyTorch's current stream for a tensor operand, else CuPy's current stream."""
+    stream = getattr(_call_state, "stream", None)
+    if stream is not None:
+        return stream.ptr
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        return torch.cuda.current_stream(like.device).cuda_stream
+    return cupy.cuda.get_current_stream().ptr
+
+
+def stream_capturing(cupy, pointer: int | None = None) -> bool:
+    """Whether the stream `pointer` (None: the current dispatched call's, see call_stream_ptr
+    with a CuPy operand) is capturing a CUDA graph."""
+    if pointer is None:
+        stream = getattr(_call_state, "stream", None)
+        pointer = stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
+    try:
+        return cupy.cuda.runtime.streamIsCapturing(pointer) != 0
+    except Exception:  # an invalidated capture raises: that stream is (was) capturing
+        return True
+
+
+_SCALARS: dict = {}
+MAX_SCALARS = 4096
+
+
+def kernel_scalar(value, kind=np.float32):
+    """A kernel argument holding `value` as `kind` (np.float32, np.int32...), converted once per
+    value: CuPy then passes it without converting it on every launch (a size-one array holder
+    that CuPy's launcher accepts as is, where this CuPy has one; else the NumPy scalar).
+    autogen.launch reads the value back from `.held`."""
+    key = (kind, value)
+    try:
+        found = _SCALARS.get(key)
+    except TypeError:  # unhashable (an array): converted on every call
+        return _held_scalar(kind(value))
+    if found is None:
+        found = _held_scalar(kind(value))
+        if len(_SCALARS) < MAX_SCALARS and value == value:  # NaN never equals its key
+            _SCALARS[key] = found
+    return found
+
+
+_HOLDER = None
+
+
+def _held_scalar(scalar):
+    global _HOLDER
+    if _HOLDER is None:
+        _HOLDER = _holder_class()
+    if _HOLDER is False:
+        return scalar
+    holder = _HOLDER(np.array(scalar))
+    holder.held = scalar
+    return holder
+
+
+def _holder_class():
+    """A Python subclass of CuPy's CNumpyArray (a CPointer: its launcher passes CPointers as
+    they are), or False where this CuPy has none or it cannot be subclassed."""
+    import os
+    if os.environ.get("AUTOGEN_PLAIN_SCALARS"):  # kill switch: NumPy scalars, converted per launch
+        return False
+    cupy = sys.modules.get("cupy")
+    base = getattr(getattr(getattr(cupy, "cuda", None), "function", None), "CNumpyArray", None)
+    if base is None:
+        return False
+    try:
+        holder = type("HeldScalar", (base,), {})
+        probe = holder(np.array(np.float32(1.0)))
+        probe.held = np.float32(1.0)
+    except Exception:
+        return False
+    return holder
 
 
 def random_uniform(xp, rng, shape, dtype) -> Any:

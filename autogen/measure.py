@@ -86,12 +86,23 @@ def timing_sets(family, problem, xp, rng, cold: bool, l2_bytes: int, free_bytes:
     return [family.make_inputs(problem, xp, rng, case) for _ in range(count)]
 
 
+# A timing graph holds at least this many launches: several back-to-back replays of it then
+# make one sample, and the small gap between two replays is spread over this many launches.
+MIN_GRAPH_LAUNCHES = 128
+# Early stop: after EARLY_REPLAYS replays, a variant slower than EARLY_FACTOR x the best so far
+# keeps those samples (a valid, if shorter, measurement) and is not replayed further.
+EARLY_REPLAYS = 2
+EARLY_FACTOR = 1.5
+
+
 class GraphTimer:
-    """`launches` calls of enqueue(i % n_sets) captured in one CUDA graph, replayed on demand."""
+    """`launches` calls of enqueue(i % n_sets) captured in one CUDA graph; one sample replays it
+    `repeats` times back to back (set by build_timer), so one graph serves probing and timing."""
 
     def __init__(self, cupy, enqueue: Callable[[int], None], n_sets: int, launches: int):
         self._cupy = cupy
         self.launches = launches
+        self.repeats = 1
         self.stream = cupy.cuda.Stream(non_blocking=True)
         with self.stream:
             self.stream.begin_capture()
@@ -106,23 +117,51 @@ class GraphTimer:
         self._stop = cupy.cuda.Event()
 
     def replay_us(self) -> float:
-        """Time one replay on the GPU; per launch, in microseconds."""
+        """Time one sample (`repeats` replays) on the GPU; per launch, in microseconds."""
         self._start.record(self.stream)
-        self.graph.launch(self.stream)
+        for _ in range(self.repeats):
+            self.graph.launch(self.stream)
         self._stop.record(self.stream)
         self._stop.synchronize()
-        return self._cupy.cuda.get_elapsed_time(self._start, self._stop) * 1000.0 / self.launches
+        elapsed_ms = self._cupy.cuda.get_elapsed_time(self._start, self._stop)
+        return elapsed_ms * 1000.0 / (self.launches * self.repeats)
+
+
+def graph_plan(n_sets: int, estimate_us: float | None = None) -> tuple[int, int]:
+    """(launches captured, replays per sample): at least one pass over the sets and
+    MIN_GRAPH_LAUNCHES launches in the graph, and about TARGET_REPLAY_US per sample (capped at
+    MAX_LAUNCHES launches) once the time per launch is estimated."""
+    launches = max(n_sets, MIN_GRAPH_LAUNCHES)
+    launches = math.ceil(launches / n_sets) * n_sets
+    if estimate_us is None:
+        return launches, 1
+    wanted = max(launches, min(MAX_LAUNCHES, math.ceil(TARGET_REPLAY_US / max(estimate_us, 0.5))))
+    return launches, max(1, round(wanted / launches))
 
 
 def build_timer(cupy, enqueue: Callable[[int], None], n_sets: int) -> GraphTimer:
-    """Size the graph so one replay lasts about TARGET_REPLAY_US (at least one pass over the sets)."""
-    probe = GraphTimer(cupy, enqueue, n_sets, max(n_sets, 16))
-    estimate = min(probe.replay_us() for _ in range(2))
-    launches = max(n_sets, min(MAX_LAUNCHES, math.ceil(TARGET_REPLAY_US / max(estimate, 0.5))))
-    launches = math.ceil(launches / n_sets) * n_sets
-    return GraphTimer(cupy, enqueue, n_sets, launches)
+    """One graph, captured once (capturing and instantiating thousands of launches per variant
+    cost more than timing them): its first replay estimates the time per launch, which sets how
+    many replays make a sample of about TARGET_REPLAY_US."""
+    launches, _ = graph_plan(n_sets)
+    timer = GraphTimer(cupy, enqueue, n_sets, launches)
+    _, timer.repeats = graph_plan(n_sets, timer.replay_us())
+    return timer
 
 
-def time_enqueue(cupy, enqueue: Callable[[int], None], n_sets: int, replays: int = REPLAYS) -> Timing:
+def time_enqueue(cupy, enqueue: Callable[[int], None], n_sets: int, replays: int = REPLAYS,
+                 give_up_over_us: float | None = None) -> Timing:
+    """`replays` samples; with `give_up_over_us`, stop after EARLY_REPLAYS when their median is
+    over it (a clear loser keeps its few samples)."""
     timer = build_timer(cupy, enqueue, n_sets)
-    return Timing(tuple(timer.replay_us() for _ in range(replays)))
+    return Timing(sample_until(timer.replay_us, replays, give_up_over_us))
+
+
+def sample_until(sample: Callable[[], float], replays: int, give_up_over_us: float | None) -> tuple[float, ...]:
+    samples = []
+    for _ in range(replays):
+        samples.append(sample())
+        if (give_up_over_us is not None and len(samples) == EARLY_REPLAYS
+                and statistics.median(samples) > give_up_over_us):
+            break
+    return tuple(samples)

@@ -10,6 +10,8 @@ import jinja2
 
 from .problem import Config
 
+PDL_SUFFIX = "_pdl"  # the kernel name of a variant rendered with pdl=True
+
 
 def templates_dir() -> Path:
     """The folder holding the *.cu.j2 templates.
@@ -49,12 +51,20 @@ def render_template(template_name: str, variables: dict, family=None) -> str:
 
 
 def render(family, dtype: str, config: Config, host_launcher: bool = False,
-           traits: tuple[tuple[str, str], ...] = ()) -> str:
+           traits: tuple[tuple[str, str], ...] = (), pdl: bool = False) -> str:
     """CUDA source of one variant; `config` must come from family.space.check, `traits` are the
     problem's (those that change the code become template variables). With host_launcher, the
     source also defines `<kernel_name>_launch(<c_params>, stream)` for nvcc builds (exports);
-    NVRTC gets device code only."""
+    NVRTC gets device code only. With `pdl` (families whose `pdl_capable` is set), the kernel
+    is named `<kernel_name>_pdl` and waits for the previous kernel with griddepcontrol (see
+    autogen.launch); without it the template variable `pdl` is "off" and the source is unchanged."""
     variables = family.template_vars(dtype, config, host_launcher, traits)
+    variables.setdefault("pdl", "off")
+    if pdl:
+        if not getattr(family, "pdl_capable", False):
+            raise ValueError(f"{family.name} has no programmatic-dependent-launch variant")
+        variables["pdl"] = "on"
+        variables["kernel_name"] = variables["kernel_name"] + PDL_SUFFIX
     return render_template(family.template, variables, family)
 
 

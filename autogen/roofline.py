@@ -120,3 +120,10 @@ def floor_us(family, problem, bytes_moved: int, copy_gbs: float | None, fp32_tfl
         flops = family.flops(problem)
         return flops / (fp32_tflops * 1e12) * 1e6 if fp32_tflops and flops else None
     return bytes_moved / (copy_gbs * 1e9) * 1e6 if copy_gbs else None
+
+
+def cached_ceilings(device) -> tuple[float | None, float | None]:
+    """(copy GB/s, FP32 TFLOP/s) as cached for this GPU and driver, without measuring."""
+    cached = _cached()
+    return (cached.get(f"copy_gbs|{device.name}|{device.driver_version}"),
+            cached.get(f"fp32_tflops|{device.name}|{device.driver_version}"))

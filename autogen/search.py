@@ -202,7 +202,8 @@ class SearchLoop:
         except Exception as exc:  # a compile worker died
             record = TrialRecord(status="failed", reason=f"compile: {type(exc).__name__}: {exc}", **base)
         else:
-            outcome = self.backend.evaluator.evaluate(entry.name, cubin, entry.config.as_dict())
+            best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
+            outcome = self.backend.evaluator.evaluate(entry.name, cubin, entry.config.as_dict(), best_us=best)
             if outcome.status == "ok":
                 record = TrialRecord(status="ok", time_us=statistics.median(outcome.samples_us),
                                      samples_us=outcome.samples_us,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from tuning_db import TuningDB
@@ -15,11 +15,12 @@ from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 from .backend import GpuBackend
 from .errors import UsageError
 from .family import get_family
-from .finish import finish
 from .problem import Problem
-from .search import SAMPLERS, SearchCounts, SearchLoop
-from .warmstart import starting_point
 from .worker import WorkSpec, default_workers
+
+# Optuna (autogen.search, autogen.warmstart) is imported only when there is something to search:
+# a run answered from the database does without it.
+SAMPLERS = ("tpe", "random", "exhaustive")  # the same as autogen.search.SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class TuneOptions:
     eval_timeout_s: float = 60.0
     warm_start: bool = True
     stop_at_us: float | None = None  # stop searching once a variant is at least this fast
+    refresh: bool = False  # re-time a stale winner's best few trials here instead of searching
 
 
 @dataclass
@@ -87,33 +89,97 @@ class Tuner:
     def run(self) -> TuneResult:
         started = time.monotonic()
         problem, family, options = self.problem, self.family, self.options
+        answered = self._from_database(started)
+        if answered is not None:
+            self.result = answered
+            return answered
+        options = self.options  # a stale winner turns refresh on
         with self.backend_factory(WorkSpec.of(problem, options.cache_mode), options.workers,
                                   options.eval_timeout_s) as backend:
-            self._check_fits(backend.free_bytes)
+            from .finish import finish
+            from .search import SearchCounts, SearchLoop  # Optuna's import overlaps the worker's start
+            from .warmstart import starting_point
+
+            imported = time.monotonic()
+            self._check_fits(backend.free_bytes)  # waits for the GPU worker's CUDA context
             device = backend.device
             result = TuneResult(problem, device, None, family.bytes_moved(problem, family.timing_case(problem)),
                                 family.flops(problem), roofline=family.roofline, db_url=self.db.url)
             self.progress(f"tuning {problem} on {device.name} ({device.arch}), {options.sampler} sampler, "
                           f"{options.trials} trials, {options.cache_mode} cache")
             ready = time.monotonic()
-            start = starting_point(self.db, device, family, problem, options.cache_mode, options.warm_start)
-            if start.stored:
-                self.progress(f"resuming: {len(start.stored)} trials of this problem already in the database")
             counts = SearchCounts()
-            SearchLoop(family, problem, options, self.db, device, backend, start, counts, self.progress).run(started)
-            searched = time.monotonic()
-            nothing_new = counts.measured + counts.failed == 0
-            end = finish(family, problem, options, self.db, device, backend, nothing_new, self.progress)
+            if options.refresh:
+                from .refresh import refresh
+                end = refresh(family, problem, options, self.db, device, backend, self.progress)
+                searched = ready
+            else:
+                start = starting_point(self.db, device, family, problem, options.cache_mode, options.warm_start)
+                if start.stored:
+                    self.progress(f"resuming: {len(start.stored)} trials of this problem already in the database")
+                SearchLoop(family, problem, options, self.db, device, backend, start, counts,
+                           self.progress).run(started)
+                searched = time.monotonic()
+                nothing_new = counts.measured + counts.failed == 0
+                end = finish(family, problem, options, self.db, device, backend, nothing_new, self.progress)
             result.worker_restarts = backend.evaluator.restarts
+            result.phases_s["imports"] = round(imported - started, 2)
+            # Where the GPU worker's time went (seconds waited per request kind, start-up parts).
+            result.phases_s.update({f"gpu_{k}": v for k, v in getattr(backend.evaluator, "waited_s", {}).items()})
         result.winner, result.candidates = end.winner, end.finalists
         result.copy_gbs, result.fp32_tflops = end.copy_gbs, end.fp32_tflops
         result.measured, result.failed = counts.measured, counts.failed
         result.rejected, result.reused = counts.rejected, counts.reused
         result.wall_s = time.monotonic() - started
-        result.phases_s = {"startup": round(ready - started, 2), "search": round(searched - ready, 2),
-                           "finish": round(time.monotonic() - searched, 2)}
+        result.phases_s.update({"startup": round(ready - started, 2), "search": round(searched - ready, 2),
+                                "finish": round(time.monotonic() - searched, 2)})
         self.progress("wall time " + ", ".join(f"{k} {v:.1f} s" for k, v in result.phases_s.items()))
         self.result = result
+        return result
+
+    def _from_database(self, started: float) -> TuneResult | None:
+        """The result of a search that is complete in the database and whose winner is fresh
+        here (autogen.environment), without starting a GPU worker, a compile pool or Optuna;
+        None when there is anything to measure, re-time or check."""
+        problem, family, options = self.problem, self.family, self.options
+        identify = getattr(self.backend_factory, "identity", None)
+        if identify is None and self.backend_factory is GpuBackend:
+            from .gpu import device_identity as identify  # driver queries only: no CUDA context
+        if identify is None or options.sampler == "exhaustive":
+            return None
+        device = identify()
+        from .environment import stale_reasons, winner_source_hash
+
+        trials = self.db.trials(device, problem.family, problem.dtype, problem.shape_key, options.cache_mode)
+        launched = sum(1 for t in trials if t.status != "rejected")
+        stopped = options.stop_at_us is not None and any(
+            t.status == "ok" and t.time_us <= options.stop_at_us for t in trials)
+        if launched < options.trials and not stopped:
+            return None
+        found = self.db.winners(family=problem.family, gpu_name=device.name,
+                                compute_capability=device.compute_capability, dtype=problem.dtype,
+                                shape_key=problem.shape_key, cache_mode=options.cache_mode)
+        if not found:
+            return None
+        winner = found[0]
+        stale = stale_reasons(winner, winner_source_hash(family, winner), device)
+        if stale:
+            self.progress(f"the stored winner {winner.trial.kernel_name} is stale ({'; '.join(stale)}): "
+                          "re-timing its best few here")
+            self.options = options = replace(options, refresh=True)
+            return None
+        if options.refresh:
+            self.progress("nothing stale: the stored winner was measured in this environment")
+        from . import roofline
+        copy_gbs, fp32_tflops = roofline.cached_ceilings(device)
+        result = TuneResult(problem, device, winner, family.bytes_moved(problem, family.timing_case(problem)),
+                            family.flops(problem), reused=len(trials), copy_gbs=copy_gbs, fp32_tflops=fp32_tflops,
+                            roofline=family.roofline, db_url=self.db.url, candidates=[winner.trial])
+        result.measured = 0
+        result.wall_s = time.monotonic() - started
+        result.phases_s = {"database": round(result.wall_s, 3)}
+        self.progress(f"{problem}: all {launched} trials are stored and the winner is fresh: answered from the "
+                      f"database in {result.wall_s:.2f} s (no GPU work)")
         return result
 
     def _check_fits(self, free_bytes: int) -> None:

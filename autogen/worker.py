@@ -12,12 +12,13 @@ import importlib
 import multiprocessing
 import os
 import secrets
+import time
 from dataclasses import dataclass
 
 from . import roofline
 from .family import get_family
 from .gpu import device_identity, free_device_memory, require_cupy
-from .measure import build_timer, time_enqueue, timing_sets, validate
+from .measure import EARLY_FACTOR, build_timer, time_enqueue, timing_sets, validate
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -70,6 +71,7 @@ class Evaluate:
     kernel_name: str
     cubin: bytes
     params: dict
+    best_us: float | None = None  # the best time so far: a variant over 1.5x it stops early
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,13 @@ class Evaluator:
     """Validates and times variants of one problem on the current GPU, in this process."""
 
     def __init__(self, spec: WorkSpec):
+        began = time.monotonic()
         importlib.import_module(spec.family_module)  # registers a user's family in this process too
         self.cupy = require_cupy()
+        imported = time.monotonic()
+        self.cupy.cuda.runtime.free(0)  # creates the CUDA context now, where it is timed
+        self.startup_s = {"worker_imports": round(imported - began, 3),
+                          "worker_context": round(time.monotonic() - imported, 3)}
         self.family = get_family(spec.family)
         self.problem = self.family.problem(spec.dtype, **dict(spec.dims))
         self.device = device_identity()
@@ -135,15 +142,18 @@ class Evaluator:
         return validate(self.family, self.problem, self._launcher(kernel_name, cubin, params),
                         self.cupy, self._rng())
 
-    def evaluate(self, kernel_name: str, cubin: bytes, params: dict) -> Outcome:
-        """Validate on fresh random inputs, then time; a failure is an Outcome, not an exception."""
+    def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
+        """Validate on fresh random inputs, then time; a failure is an Outcome, not an exception.
+        With `best_us` (the best so far), a variant whose first replays are over EARLY_FACTOR x
+        it keeps those few samples and is not replayed further."""
         try:
             launch = self._launcher(kernel_name, cubin, params)
             check = validate(self.family, self.problem, launch, self.cupy, self._rng())
             if not check.ok:
                 return Outcome(kernel_name, "failed", f"validation: {check.reason}", check.error)
             sets = self.timing_inputs()
-            timing = time_enqueue(self.cupy, lambda i: launch(sets[i]), len(sets))
+            timing = time_enqueue(self.cupy, lambda i: launch(sets[i]), len(sets),
+                                  give_up_over_us=EARLY_FACTOR * best_us if best_us else None)
             return Outcome(kernel_name, "ok", "", check.error, timing.samples_us)
         except Exception as exc:  # CUDA launch/driver errors, out of resources, ...
             self._note_context_health()
@@ -179,7 +189,7 @@ class Evaluator:
     def serve(self, request):
         """Answer one typed request."""
         if isinstance(request, Evaluate):
-            return self.evaluate(request.kernel_name, request.cubin, request.params)
+            return self.evaluate(request.kernel_name, request.cubin, request.params, request.best_us)
         if isinstance(request, TimePeer):
             return self.time_peer()
         if isinstance(request, Retime):
@@ -189,7 +199,7 @@ class Evaluator:
         raise TypeError(f"the GPU worker has no request {type(request).__name__}")
 
     def identity(self):
-        return self.device, free_device_memory()
+        return self.device, free_device_memory(), self.startup_s
 
     def _note_context_health(self) -> None:
         # Sticky errors (illegal address, trap) leave the context unusable: the process must go.
@@ -245,15 +255,43 @@ class IsolatedEvaluator:
         self.restarts = 0
         self._process = None
         self._conn = None
-        self.device, self.free_bytes = self._start()
+        self._identity = None
+        self.waited_s: dict[str, float] = {}  # seconds the caller waited, per request kind (phases)
+        self._spawn()  # the child imports CuPy and creates its context while the caller goes on
 
-    def _start(self):
+    @property
+    def device(self):
+        return self._ready()[0]
+
+    @property
+    def free_bytes(self) -> int:
+        return self._ready()[1]
+
+    def _ready(self):
+        """(device identity, free bytes, start-up timings) from the worker's first message,
+        waited for once."""
+        if self._identity is None:
+            began = time.monotonic()
+            self._identity = self._receive(STARTUP_TIMEOUT_S, "starting the GPU worker")
+            self._count("startup_wait", time.monotonic() - began)
+            for name, seconds in (self._identity[2] if len(self._identity) > 2 else {}).items():
+                self.waited_s[name] = seconds
+        return self._identity
+
+    def _count(self, what: str, seconds: float) -> None:
+        self.waited_s[what] = round(self.waited_s.get(what, 0.0) + seconds, 3)
+
+    def _spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_worker_main, args=(child_conn, self.spec), daemon=True)
         self._process.start()
         child_conn.close()
-        return self._receive(STARTUP_TIMEOUT_S, "starting the GPU worker")
+
+    def _start(self):
+        self._spawn()
+        self._identity = None
+        return self._ready()
 
     def _receive(self, timeout_s: float, what: str):
         if not self._conn.poll(timeout_s):
@@ -276,13 +314,18 @@ class IsolatedEvaluator:
         if self._process is None:
             self.restarts += 1
             self._start()
+        self._ready()
+        began = time.monotonic()
         self._conn.send(request)
-        return self._receive(timeout_s or self.timeout_s, f"in {type(request).__name__}")
+        try:
+            return self._receive(timeout_s or self.timeout_s, f"in {type(request).__name__}")
+        finally:
+            self._count(type(request).__name__, time.monotonic() - began)
 
     # The calls the tuner makes; autogen.testing.replay.ReplayEvaluator answers the same ones.
-    def evaluate(self, kernel_name: str, cubin: bytes, params: dict) -> Outcome:
+    def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
         try:
-            return self.request(Evaluate(kernel_name, cubin, params))
+            return self.request(Evaluate(kernel_name, cubin, params, best_us))
         except (WorkerLost, WorkerError) as exc:
             return Outcome(kernel_name, "failed", str(exc))
 
@@ -303,6 +346,10 @@ class IsolatedEvaluator:
             process.kill()
         process.join(10)
         return process.exitcode
+
+    def discard(self) -> None:
+        """Stop the worker at once, ready or not (it was started ahead of a need that went away)."""
+        self._kill()
 
     def close(self) -> None:
         if self._process is not None and self._process.is_alive():

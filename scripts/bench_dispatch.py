@@ -1,12 +1,14 @@
 """Dispatcher benchmarks (H100): host cost of a call on a cache hit, and regret on untuned shapes.
 
-1. Host time per call of autogen.sgemv(A, x, y=y) on a hit, against a bare CuPy RawKernel launch
-   of the same kernel with the same arguments (target <= 1.3x). Host time: perf_counter around
-   many calls, the GPU kept from becoming the bottleneck by a tiny shape.
+1. Host time per call on a hit, for every family with Family.example_call (autogen.sgemv(A, x,
+   y=y), autogen.reduce_sum(x, out=out), autogen.softmax(x, out=out), and families added later),
+   against bare CuPy RawKernel launches of the same kernels with the same arguments (target
+   <= 1.1x). Host time: perf_counter around many calls, the GPU kept from becoming the
+   bottleneck by tiny shapes.
 2. Regret on shapes that were not tuned: the dispatcher's pick (served from the tuned grid in
    --db) against the shape's own tuned best, both timed in the same evaluator, same method
    (target within 10%).
-Usage: python3 scripts/bench_dispatch.py --db URL_OF_TUNED_GRID --out DIR
+Usage: python3 scripts/bench_dispatch.py --db URL_OF_TUNED_GRID --out DIR [--overhead-only]
 """
 
 from __future__ import annotations
@@ -21,49 +23,78 @@ from pathlib import Path
 UNTUNED = [(2048, 16), (8192, 64), (16384, 256), (3000, 1000), (6144, 2048)]
 
 
-def host_overhead(db_url: str, calls: int = 20000) -> dict:
+# Small shapes, so that the GPU never becomes the bottleneck of back-to-back launches.
+SMALL_SHAPES = {"sgemv": {"m": 1024, "n": 16}, "reduce": {"n": 4096}, "softmax": {"rows": 32, "cols": 128},
+                "hgemv": {"m": 1024, "n": 16}, "sgemm": {"m": 64, "n": 64, "k": 64}}
+
+
+def per_call_us(fn, calls: int) -> float:
+    """Median over 5 runs of host time per call, `calls` calls each, synchronised between runs."""
+    import cupy
+
+    fn()
+    cupy.cuda.Device().synchronize()
+    samples = []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - started) / calls * 1e6)
+        cupy.cuda.Device().synchronize()
+    return statistics.median(samples)
+
+
+def host_overhead(db_url: str, calls: int = 20000, profile: bool = True) -> list[dict]:
+    """Host time per dispatched call on a hit, for every family with Family.example_call,
+    against bare launches of the same kernel functions with the same arguments: "bare" with
+    NumPy scalars (what a user of a CuPy RawKernel writes: np.int32(m), np.float32(alpha)) and
+    "bare_preconverted" with the scalars converted once (autogen.family.kernel_scalar), the
+    floor of any launch through CuPy."""
     import cupy
 
     import autogen
     import autogen.dispatch as dispatch
-    from autogen.family import get_family
-    from autogen.render import render
+    from autogen.family import Family, all_families
 
     dispatch._default_dispatcher = dispatch.Dispatcher(db_url)
-    m, n = 1024, 16
-    A = cupy.random.random((m, n), dtype=cupy.float32)
-    x = cupy.random.random(n, dtype=cupy.float32)
-    y = cupy.empty(m, dtype=cupy.float32)
-    kernel = autogen.lookup("sgemv", m=m, n=n)
-    family = get_family("sgemv")
-    config = family.space.check(kernel.params)
-    raw = cupy.RawModule(code=render(family, "float32", config), options=("-std=c++17",)).get_function(kernel.name)
-    step = family.plan(kernel.problem, config)[0]
-    args = (A, x, y, cupy.int32(m), cupy.int32(n), cupy.float32(1.0), cupy.float32(0.0))
+    device = cupy.cuda.runtime.getDevice()
+    rows = []
+    for family in all_families().values():
+        if not family.api or type(family).example_call is Family.example_call:
+            print(f"{family.name}: no example_call hook, skipped", file=sys.stderr)
+            continue
+        dims = SMALL_SHAPES.get(family.name) or getattr(family, "example_dims", None) \
+            or {d: 256 for d in family.dims}
+        problem = family.problem(None, **dims)
+        args, kwargs = family.example_call(problem, cupy)
+        call = getattr(autogen, family.api)
+        call(*args, **kwargs)  # builds the kernel: every later call is a hit
+        kernel = dispatch.default_dispatcher().lookup(problem)
+        _, inputs, _ = family.bind(cupy, device, args, kwargs)
+        steps = [(function, grid, block, step_args(inputs), shared)
+                 for function, grid, block, step_args, shared in kernel._launches]
+        numpy_steps = [(f, g, b, tuple(getattr(a, "held", a) for a in values), sh) for f, g, b, values, sh in steps]
 
-    def bare():
-        raw(step.launch.grid, step.launch.block, args)
+        def bare(steps=numpy_steps):
+            for function, grid, block, values, shared in steps:
+                function(grid, block, values, shared)
 
-    def dispatched():
-        autogen.sgemv(A, x, y=y)
+        def preconverted(steps=steps):
+            for function, grid, block, values, shared in steps:
+                function(grid, block, values, shared)
 
-    def per_call(fn) -> float:
-        fn()
-        cupy.cuda.Device().synchronize()
-        samples = []
-        for _ in range(5):
-            started = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - started) / calls * 1e6)
-            cupy.cuda.Device().synchronize()
-        return statistics.median(samples)
+        def dispatched(call=call, args=args, kwargs=kwargs):
+            call(*args, **kwargs)
 
-    bare_us, dispatched_us = per_call(bare), per_call(dispatched)
-    profile_hot_path(dispatched)
-    return {"shape": f"{m}x{n}", "kernel": kernel.name, "served_by": kernel.served_by,
-            "bare_rawkernel_us": round(bare_us, 3), "autogen_sgemv_us": round(dispatched_us, 3),
-            "ratio": round(dispatched_us / bare_us, 3)}
+        bare_us, floor_us, ours_us = (per_call_us(fn, calls) for fn in (bare, preconverted, dispatched))
+        rows.append({"family": family.name, "shape": problem.shape_key, "dtype": problem.dtype,
+                     "kernel": kernel.name, "served_by": kernel.served_by, "launches": len(steps),
+                     "bare_rawkernel_us": round(bare_us, 3), "bare_preconverted_us": round(floor_us, 3),
+                     "autogen_us": round(ours_us, 3), "ratio_vs_bare": round(ours_us / bare_us, 3),
+                     "ratio_vs_preconverted": round(ours_us / floor_us, 3)})
+        if profile and family.name == "sgemv":
+            profile_hot_path(dispatched)
+    return rows
 
 
 def profile_hot_path(fn, calls: int = 5000) -> None:
@@ -121,16 +152,21 @@ def main() -> int:
     parser.add_argument("--db", required=True, help="database holding the tuned grid")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--overhead-only", action="store_true", help="skip the regret measurement")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"host_overhead": host_overhead(args.db),
+    report = {"host_overhead": host_overhead(args.db, args.calls),
               "regret": [] if args.overhead_only else regret(args.db, args.out, args.trials)}
     (args.out / "bench_dispatch.json").write_text(json.dumps(report, indent=2))
-    h = report["host_overhead"]
-    print(f"host time per call ({h['shape']}, {h['served_by']}): autogen.sgemv {h['autogen_sgemv_us']} us, "
-          f"bare RawKernel {h['bare_rawkernel_us']} us -> {h['ratio']}x")
-    print(f"{'shape':>11} {'served':>8} {'from':>14} {'pick us':>8} {'best us':>8} {'regret':>7}")
+    print(f"{'family':>10} {'shape':>16} {'launches':>8} {'bare us':>8} {'floor us':>8} {'autogen us':>10} "
+          f"{'vs bare':>8} {'vs floor':>8}")
+    for h in report["host_overhead"]:
+        print(f"{h['family']:>10} {h['shape']:>16} {h['launches']:>8} {h['bare_rawkernel_us']:>8} "
+              f"{h['bare_preconverted_us']:>8} {h['autogen_us']:>10} {h['ratio_vs_bare']:>7}x "
+              f"{h['ratio_vs_preconverted']:>7}x")
+    if report["regret"]:
+        print(f"{'shape':>11} {'served':>8} {'from':>14} {'pick us':>8} {'best us':>8} {'regret':>7}")
     for r in report["regret"]:
         print(f"{r['shape']:>11} {r['served_by']:>8} {str(r['from_shape']):>14} {r['pick_us']:>8.3f} "
               f"{r['own_best_us']:>8.3f} {r['regret_pct']:>6.1f}%")

@@ -81,11 +81,11 @@ def test_an_interrupt_keeps_completed_trials_and_the_database_consistent(db_url)
     evaluate = backend.evaluator.evaluate
     calls = []
 
-    def interrupted(name, cubin, params):
+    def interrupted(name, cubin, params, **kwargs):
         calls.append(name)
         if len(calls) == 6:
             raise KeyboardInterrupt
-        return evaluate(name, cubin, params)
+        return evaluate(name, cubin, params, **kwargs)
 
     backend.evaluator.evaluate = interrupted
     with pytest.raises(KeyboardInterrupt):

@@ -1,38 +1,28 @@
 """Storage of autogen's tuning results: trials, winners and validations per GPU and shape.
 
-Everything goes through TuningDB, which speaks only in the frozen records below.
+Everything goes through TuningDB, which speaks only in the frozen records below. The names are
+loaded on first use (PEP 562): the GPU worker and the compile processes need the records only,
+not SQLAlchemy and Alembic, whose import would lengthen their start-up.
 """
 
-from tuning_db.records import (
-    DeviceIdentity,
-    InvalidRow,
-    TrialRecord,
-    ValidationRecord,
-    WinnerRecord,
-    one_per_problem,
-)
-from tuning_db.repository import (
-    CorruptDatabaseError,
-    DatabaseError,
-    InvalidRowError,
-    TuningDB,
-    current_revision,
-    default_url,
-    upgrade,
-)
+from __future__ import annotations
 
-__all__ = [
-    "CorruptDatabaseError",
-    "DatabaseError",
-    "DeviceIdentity",
-    "InvalidRow",
-    "InvalidRowError",
-    "TrialRecord",
-    "TuningDB",
-    "ValidationRecord",
-    "WinnerRecord",
-    "current_revision",
-    "default_url",
-    "one_per_problem",
-    "upgrade",
-]
+import importlib
+
+_RECORDS = ("DeviceIdentity", "InvalidRow", "TrialRecord", "ValidationRecord", "WinnerRecord", "one_per_problem")
+_REPOSITORY = ("CorruptDatabaseError", "DatabaseError", "InvalidRowError", "TuningDB", "current_revision",
+               "default_url", "upgrade")
+
+__all__ = sorted(_RECORDS + _REPOSITORY)
+
+
+def __getattr__(name: str):
+    if name in _RECORDS:
+        module = importlib.import_module("tuning_db.records")
+    elif name in _REPOSITORY:
+        module = importlib.import_module("tuning_db.repository")
+    else:
+        raise AttributeError(f"module 'tuning_db' has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value

@@ -12,13 +12,18 @@ signature of `c_params`.
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 
-from ..errors import GpuUnavailableError
+from ..errors import ArgumentError, CaptureError, GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, device_array, new_output, register
+from ..family import (Family, Launch, Peer, Step, call_stream_ptr, device_array, dtype_name, kernel_scalar,
+                      new_output, register, stream_capturing)
+
+_STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
+_F32 = np.dtype(np.float32)
 from ..peers import ReplayArena
 
 # Resident-thread capacity used where no GPU is visible (CPU tests, planning off-device): the
@@ -116,7 +121,7 @@ class Reduce(Family):
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         main = self.launch(problem, config)
         blocks = main.grid[0]
-        n = np.int32(problem["n"])
+        n = kernel_scalar(problem["n"], np.int32)
         mode = config["cross_block"]
         if mode == "atomic":
             return [Step("_init", Launch(grid=(1, 1, 1), block=(1, 1, 1)), lambda inputs: (inputs["out"],)),
@@ -131,7 +136,8 @@ class Reduce(Family):
         if mode == "two_kernel":
             return [Step("", main, lambda inputs: (inputs["x"], partials(inputs), n)),
                     Step("_final", Launch(grid=(1, 1, 1), block=(config["block_size"], 1, 1)),
-                         lambda inputs: (partials(inputs), inputs["out"], np.int32(blocks)))]
+                         lambda inputs, blocks_arg=kernel_scalar(blocks, np.int32):
+                         (partials(inputs), inputs["out"], blocks_arg))]
         return [Step("", main, lambda inputs: (inputs["x"], partials(inputs), inputs["counter"], inputs["out"], n))]
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
@@ -175,16 +181,33 @@ class Reduce(Family):
 
     # --- calls from Python ----------------------------------------------------------------
     def bind(self, cupy, device: int, args: tuple, kwargs: dict):
-        """autogen.reduce_sum(x) -> 0-d float32 sum (a CuPy array, or a tensor for a tensor)."""
-        (x,) = _reduce_arguments(*args, **kwargs)
-        xv = device_array(cupy, x, "x", self.dtypes, 1, device)
-        problem = self.problem(xv.dtype.name, n=xv.shape[0])
-        out = new_output(cupy, x, (1,), "float32")
-        inputs = {"x": xv, "out": device_array(cupy, out, "out", ("float32",), 1, device),
-                  # Per call: concurrent reductions on different streams must not share them.
-                  "partials": cupy.empty(self.workspace_blocks(problem), dtype=cupy.float32),
-                  "counter": cupy.zeros(1, dtype=cupy.uint32)}
-        return problem, inputs, out.reshape(())
+        """autogen.reduce_sum(x, out=None) -> 0-d float32 sum (a CuPy array, or a tensor for a
+        tensor); `out`, when given, is a float32 array of one element and is returned as given."""
+        x, out = _reduce_arguments(*args, **kwargs)
+        if type(x) is cupy.ndarray and x.ndim == 1 and x._c_contiguous and x.data.device_id == device \
+                and x.dtype in _STORAGE:
+            xv, dtype = x, _STORAGE[x.dtype]  # device_array's checks, inline for CuPy operands
+        else:
+            xv = device_array(cupy, x, "x", self.dtypes, 1, device)
+            dtype = dtype_name(xv)
+        problem = self.problem_cached(dtype, (("n", xv.shape[0]),))
+        if out is None:
+            out = new_output(cupy, x, (1,), "float32")
+            result = out.reshape(())
+        else:
+            result = out
+        if type(out) is cupy.ndarray and out.size == 1 and out.dtype is _F32 and out.data.device_id == device:
+            outv = out.reshape(1) if out.ndim != 1 else out
+        else:
+            outv = device_array(cupy, out, "out", ("float32",), getattr(out, "ndim", 1), device).reshape(-1)
+            if outv.size != 1:
+                raise ArgumentError(f"out must hold one float32 element, got shape {tuple(out.shape)}")
+        partials, counter = _workspace(cupy, device, x, self.workspace_blocks(problem))
+        return problem, {"x": xv, "out": outv, "partials": partials, "counter": counter}, result
+
+    def example_call(self, problem: Problem, cupy):
+        x = cupy.random.default_rng(0).random(problem["n"], dtype=cupy.float32).astype(problem.dtype)
+        return (x,), {"out": cupy.empty(1, dtype=cupy.float32)}
 
     def peer(self, problem: Problem) -> Peer | None:
         """cupy.sum (CUB's device reduction for fp32; CuPy's reduction kernel for fp16 in, fp32
@@ -207,8 +230,36 @@ class Reduce(Family):
         return Peer("cupy.sum" + (" (CUB)" if problem.dtype == "float32" else " (fp32 accumulation)"), run)
 
 
-def _reduce_arguments(x):
-    return (x,)
+def _reduce_arguments(x, out=None):
+    return x, out
+
+
+# Workspace of dispatched calls, per (device, stream): the partials and the ticket counter that
+# every last_block launch leaves at 0. Launches on one stream run in order, so they can share it;
+# calls on other streams get their own. Kept for the process: a CUDA graph captured with it
+# refers to it for as long as the graph lives.
+_WORKSPACES: dict[tuple[int, int], tuple] = {}
+
+
+def _workspace(cupy, device: int, like, blocks: int):
+    stream = call_stream_ptr(cupy, like)
+    found = _WORKSPACES.get((device, stream))
+    if found is not None and found[0].size >= blocks:
+        return found
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor) and torch.cuda.is_current_stream_capturing():
+        # Inside torch.cuda.graph: from the graph's private pool, zeroed inside the graph.
+        partials = torch.empty(blocks, dtype=torch.float32, device=like.device)
+        counter = torch.zeros(1, dtype=torch.int32, device=like.device)
+        return cupy.asarray(partials), cupy.asarray(counter).view(cupy.uint32)
+    if stream_capturing(cupy, stream):
+        raise CaptureError("reduce_sum keeps its workspace per stream and has none for the capturing stream: "
+                           "warm up: call it once on that stream outside the graph, then capture")
+    partials = cupy.empty(max(blocks, 1), dtype=cupy.float32)
+    counter = cupy.zeros(1, dtype=cupy.uint32)
+    cupy.cuda.get_current_stream().synchronize()  # zeroed before any stream uses it (once)
+    _WORKSPACES[(device, stream)] = (partials, counter)
+    return partials, counter
 
 
 def _heavy_edges(xp, values, dtype: str):

@@ -9,7 +9,9 @@ import numpy as np
 from ..errors import ArgumentError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, device_array, new_output, random_uniform, register
+from ..family import Family, Launch, Peer, Step, device_array, kernel_scalar, new_output, random_uniform, register
+
+_F32 = np.dtype(np.float32)
 
 
 def _row_fits_block(p) -> str | None:
@@ -65,6 +67,11 @@ class Sgemv(Family):
     template = "sgemv.cu.j2"
     selftest_template = "export/selftest_sgemv.cu.j2"
     api = "sgemv"
+    # The template's `pdl` variable (render(..., pdl=True)): griddepcontrol.wait after the
+    # weights' prefetch, for chains of small kernels launched with programmatic stream
+    # serialization (autogen.launch). Not a searched parameter: one kernel timed alone
+    # cannot show what it gains.
+    pdl_capable = True
     dims = ("m", "n")
     dtypes = ("float32",)
     space = SPACE
@@ -107,12 +114,15 @@ class Sgemv(Family):
                 np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
-        # The shape arguments are fixed per plan: build them once, not on every dispatched call.
-        m, n = np.int32(problem["m"]), np.int32(problem["n"])
+        # The shape arguments are fixed per plan, and alpha and beta converted once per value
+        # (kernel_scalar): a dispatched call converts nothing on the hot path.
+        m, n = kernel_scalar(problem["m"], np.int32), kernel_scalar(problem["n"], np.int32)
+        one, zero = kernel_scalar(1.0), kernel_scalar(0.0)
 
         def args(inputs: dict) -> tuple:
+            alpha, beta = inputs["alpha"], inputs["beta"]
             return (inputs["A"], inputs["x"], inputs["y"], m, n,
-                    np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
+                    one if alpha == 1.0 else kernel_scalar(alpha), zero if beta == 0.0 else kernel_scalar(beta))
 
         return [Step("", self.launch(problem, config), args)]
 
@@ -155,6 +165,19 @@ class Sgemv(Family):
     def bind(self, cupy, device: int, args: tuple, kwargs: dict):
         """autogen.sgemv(A, x, alpha=1.0, beta=0.0, y=None) -> y"""
         A, x, alpha, beta, y = _sgemv_arguments(*args, **kwargs)
+        ndarray = cupy.ndarray
+        if type(A) is ndarray and type(x) is ndarray and (y is None or type(y) is ndarray):
+            # CuPy operands: device_array's checks (dtype, rank, layout, device, shape) inline;
+            # anything off goes the long way below, which names the argument at fault.
+            if (A.dtype is _F32 and x.dtype is _F32 and A.ndim == 2 and x.ndim == 1 and A._c_contiguous
+                    and x._c_contiguous and A.data.device_id == device and x.data.device_id == device):
+                m, n = A.shape
+                if x.shape[0] == n and (y is not None or beta == 0.0):
+                    if y is None:
+                        y = new_output(cupy, A, (m,), "float32", "y")
+                    if (y.dtype is _F32 and y.ndim == 1 and y.shape[0] == m and y._c_contiguous
+                            and y.data.device_id == device):
+                        return self._problem_of(m, n), {"A": A, "x": x, "y": y, "alpha": alpha, "beta": beta}, y
         a = device_array(cupy, A, "A", self.dtypes, 2, device)
         m, n = a.shape
         xv = device_array(cupy, x, "x", self.dtypes, 1, device)
@@ -163,12 +186,19 @@ class Sgemv(Family):
         if y is None:
             if beta != 0.0:
                 raise ArgumentError("beta != 0 needs y: it scales the y that is given")
-            y = new_output(cupy, A, (m,), "float32")
+            y = new_output(cupy, A, (m,), "float32", "y")
         yv = device_array(cupy, y, "y", self.dtypes, 1, device)
         if yv.shape[0] != m:
             raise ArgumentError(f"y has length {yv.shape[0]}, but A has {m} rows")
         inputs = {"A": a, "x": xv, "y": yv, "alpha": alpha, "beta": beta}
         return self._problem_of(m, n), inputs, y
+
+    def example_call(self, problem: Problem, cupy):
+        rng = cupy.random.default_rng(0)
+        m, n = problem["m"], problem["n"]
+        A = rng.random((m, n), dtype=cupy.float32) - 0.5
+        x = rng.random(n, dtype=cupy.float32) - 0.5
+        return (A, x), {"y": cupy.empty(m, dtype=cupy.float32)}
 
     @functools.lru_cache(maxsize=1024)
     def _problem_of(self, m: int, n: int) -> Problem:

@@ -48,7 +48,7 @@ class ReplayEvaluator:
         self.restarts = 0
         self.evaluated: list[str] = []
 
-    def evaluate(self, kernel_name: str, cubin: bytes, params: dict) -> Outcome:
+    def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
         assert kernel_name.encode() in cubin, "the source handed over is not this variant's"
         self.evaluated.append(kernel_name)
         if kernel_name in self.crash_on:
@@ -59,7 +59,11 @@ class ReplayEvaluator:
             return Outcome(kernel_name, "failed", "not in the recording")
         if entry["status"] != "ok":
             return Outcome(kernel_name, "failed", entry["reason"] or "failed when recorded")
-        return Outcome(kernel_name, "ok", "", entry["error"], tuple(entry["samples_us"]))
+        from ..measure import EARLY_FACTOR, sample_until
+        samples = iter(entry["samples_us"])
+        kept = sample_until(lambda: next(samples), len(entry["samples_us"]),
+                            EARLY_FACTOR * best_us if best_us else None)
+        return Outcome(kernel_name, "ok", "", entry["error"], kept)
 
     def time_peer(self) -> tuple[str, tuple[float, ...]] | None:
         peer = self.recording.get("peer")
@@ -89,6 +93,7 @@ class ReplayBackend:
     def factory(cls, recording: dict, crash_on: frozenset[str] = frozenset()):
         def make(_spec, _workers, _eval_timeout_s):
             return cls(recording, crash_on)
+        make.identity = lambda: DeviceIdentity(**recording["device"])  # what the tuner asks first
         return make
 
     def __enter__(self) -> "ReplayBackend":

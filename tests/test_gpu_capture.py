@@ -1,0 +1,156 @@
+"""Every dispatched call can be captured in a CUDA graph: CuPy's stream capture (global mode, so
+any synchronisation or CuPy-pool allocation fails it) and torch.cuda.graph, for every family that
+has Family.example_call (families added later are covered by adding the hook). A first call
+inside capture raises CaptureError asking for a warm-up."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autogen import pretuned
+from autogen.dispatch import Dispatcher, make_call
+from autogen.errors import CaptureError
+from autogen.family import Family, all_families
+
+pytestmark = pytest.mark.gpu
+
+FAMILIES = [f for f in all_families().values()
+            if f.api and type(f).example_call is not Family.example_call]
+
+
+def example(family, cupy):
+    dims = getattr(family, "example_dims", None) or {d: 1000 for d in family.dims}
+    problem = family.problem(None, **dims)
+    args, kwargs = family.example_call(problem, cupy)
+    return problem, args, kwargs
+
+
+@pytest.fixture
+def cupy():
+    import cupy
+    return cupy
+
+
+@pytest.fixture
+def fresh_dispatcher(db_url, monkeypatch):
+    import autogen.dispatch as dispatch
+
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    pretuned.pretuned_db.cache_clear()
+    dispatcher = Dispatcher(db_url)
+    monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
+    yield dispatcher
+    pretuned.pretuned_db.cache_clear()
+
+
+def outputs(kwargs, cupy):
+    return {k: v for k, v in kwargs.items() if isinstance(v, cupy.ndarray)}
+
+
+def global_mode(cupy):
+    return getattr(cupy.cuda.runtime, "streamCaptureModeGlobal", 0)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
+def test_cupy_stream_capture(family, cupy, fresh_dispatcher):
+    call = make_call(family.name)
+    _problem, args, kwargs = example(family, cupy)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    # first use inside capture: a clear error, and the capture is left intact
+    with stream:
+        stream.begin_capture(global_mode(cupy))
+        try:
+            with pytest.raises(CaptureError, match="warm up"):
+                call(*args, **kwargs)
+        finally:
+            stream.end_capture()
+    with stream:
+        call(*args, **kwargs)  # warm-up on the stream that will capture
+    stream.synchronize()
+    eager = {k: v.copy() for k, v in outputs(kwargs, cupy).items()}
+    with stream:
+        stream.begin_capture(global_mode(cupy))
+        try:
+            call(*args, **kwargs)
+        finally:
+            graph = stream.end_capture()
+    for value in outputs(kwargs, cupy).values():
+        value.fill(np.nan if value.dtype.kind == "f" else 0)
+    graph.launch(stream)
+    stream.synchronize()
+    for name, value in outputs(kwargs, cupy).items():
+        cupy.testing.assert_allclose(value, eager[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
+def test_cupy_capture_without_out_asks_for_it(family, cupy, fresh_dispatcher):
+    _problem, args, kwargs = example(family, cupy)
+    if not outputs(kwargs, cupy):
+        pytest.skip("no output argument")
+    call = make_call(family.name)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        call(*args, **kwargs)
+        stream.begin_capture(global_mode(cupy))
+        try:
+            with pytest.raises(CaptureError, match="pass .*="):
+                call(*args)
+        finally:
+            stream.end_capture()
+
+
+@pytest.mark.parametrize("with_out", [True, False], ids=["out_given", "out_from_graph_pool"])
+@pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
+def test_torch_cuda_graph(family, cupy, fresh_dispatcher, with_out):
+    torch = pytest.importorskip("torch")
+    call = make_call(family.name)
+    _problem, args, kwargs = example(family, cupy)
+    targs = [torch.as_tensor(a, device="cuda") if isinstance(a, cupy.ndarray) else a for a in args]
+    tkwargs = {k: torch.as_tensor(v, device="cuda") if isinstance(v, cupy.ndarray) else v
+               for k, v in kwargs.items()}
+    if not with_out:
+        tkwargs = {k: v for k, v in tkwargs.items() if not isinstance(v, torch.Tensor)}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            expected = call(*targs, **tkwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    expected = expected.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = call(*targs, **tkwargs)
+    result.fill_(float("nan")) if result.dtype.is_floating_point else result.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert isinstance(result, torch.Tensor)
+    torch.testing.assert_close(result.float(), expected.float(), rtol=1e-5, atol=1e-6)
+    graph.replay()  # replayable again
+    torch.cuda.synchronize()
+    torch.testing.assert_close(result.float(), expected.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_pdl_call_matches_the_plain_one(cupy, fresh_dispatcher):
+    import autogen
+
+    rng = cupy.random.default_rng(1)
+    A = rng.random((4096, 512), dtype=cupy.float32) - 0.5
+    x = rng.random(512, dtype=cupy.float32) - 0.5
+    plain = autogen.sgemv(A, x)
+    pdl = autogen.sgemv(A, x, pdl=True)
+    cupy.testing.assert_allclose(pdl, plain, rtol=1e-5, atol=1e-6)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    y = cupy.empty(4096, dtype=cupy.float32)
+    with stream:
+        autogen.sgemv(A, x, y=y, pdl=True)
+        stream.begin_capture(global_mode(cupy))
+        try:
+            autogen.sgemv(A, x, y=y, pdl=True)
+        finally:
+            graph = stream.end_capture()
+    y.fill(np.nan)
+    graph.launch(stream)
+    stream.synchronize()
+    cupy.testing.assert_allclose(y, plain, rtol=1e-5, atol=1e-6)
