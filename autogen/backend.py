@@ -16,30 +16,38 @@ from .worker import IsolatedEvaluator, WorkSpec
 
 
 class GpuBackend:
-    def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float):
+    def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float,
+                 pool: concurrent.futures.ProcessPoolExecutor | None = None):
         self.spec = spec
         self.workers = workers
         self.eval_timeout_s = eval_timeout_s
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool = pool  # given: a compile pool shared by the backends of several GPUs
+        self._owns_pool = pool is None
         self.evaluator: IsolatedEvaluator | None = None
 
+    @staticmethod
+    def compile_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+        pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        for _ in range(workers):  # start the compile workers while the GPU worker creates its context
+            pool.submit(os.getpid)
+        return pool
+
     def __enter__(self) -> "GpuBackend":
-        context = multiprocessing.get_context("spawn")
-        self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
-        # Start the compile workers while the GPU worker creates its CUDA context.
-        for _ in range(self.workers):
-            self._pool.submit(os.getpid)
+        if self._owns_pool:
+            self._pool = self.compile_pool(self.workers)
         try:
             self.evaluator = IsolatedEvaluator(self.spec, self.eval_timeout_s)
         except BaseException:
-            self._pool.shutdown(cancel_futures=True)
+            if self._owns_pool:
+                self._pool.shutdown(cancel_futures=True)
             raise
         return self
 
     def __exit__(self, *exc_info) -> None:
         if self.evaluator is not None:
             self.evaluator.close()
-        self._pool.shutdown(cancel_futures=True)
+        if self._owns_pool:
+            self._pool.shutdown(cancel_futures=True)
 
     @property
     def device(self):

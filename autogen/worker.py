@@ -31,10 +31,21 @@ class WorkSpec:
     dims: tuple[tuple[str, int | str], ...]
     family_module: str  # the module that registers the family: the child imports it to find it
     cache_mode: str = "cold"  # "cold": rotate input sets larger than 4x L2; "hot": one set
+    device_index: int | None = None  # the GPU (ordinal as this process sees them); None: the current one
 
     @classmethod
-    def of(cls, problem, cache_mode: str = "cold") -> "WorkSpec":
-        return cls(problem.family, problem.dtype, problem.dims, get_family(problem.family).module, cache_mode)
+    def of(cls, problem, cache_mode: str = "cold", device_index: int | None = None) -> "WorkSpec":
+        return cls(problem.family, problem.dtype, problem.dims, get_family(problem.family).module, cache_mode,
+                   device_index)
+
+
+def bind_device(device_index: int | None) -> None:
+    """Make the child see only its GPU, before CUDA starts in it (autogen.distributed)."""
+    if device_index is None:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible else None
+    os.environ["CUDA_VISIBLE_DEVICES"] = entries[device_index] if entries else str(device_index)
 
 
 @dataclass(frozen=True)
@@ -201,6 +212,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _worker_main(conn, spec: WorkSpec) -> None:
     # Every reply is (status, value, still_usable); a worker whose context is lost says so and exits.
+    bind_device(spec.device_index)
     try:
         evaluator = Evaluator(spec)
         conn.send(("ok", evaluator.identity(), True))

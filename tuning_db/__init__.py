@@ -4,6 +4,8 @@ Everything goes through TuningDB, which speaks only in the frozen records below.
 """
 
 from tuning_db.records import (
+    Claim,
+    ClaimRecord,
     DeviceIdentity,
     InvalidRow,
     TrialRecord,
@@ -22,6 +24,8 @@ from tuning_db.repository import (
 )
 
 __all__ = [
+    "Claim",
+    "ClaimRecord",
     "CorruptDatabaseError",
     "DatabaseError",
     "DeviceIdentity",
