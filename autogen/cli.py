@@ -68,6 +68,13 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     tune.add_argument("--workers", type=int, help="compile processes (default: one per core)")
     tune.add_argument("--no-warm-start", action="store_true", help="do not seed from nearby tuned shapes")
     tune.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
+    tune.add_argument("--gpus", metavar="all|N,N...",
+                      help="tune on these GPUs of this machine, one isolated evaluator each: problems "
+                           "are spread over them, and a problem's trials too when problems run out "
+                           "(default: the current GPU)")
+    tune.add_argument("--lease", type=float, default=60.0, metavar="S",
+                      help="a worker that stops (killed, machine lost) has its variants taken over by "
+                           "the others sharing the database this long after its last heartbeat (default 60)")
     tune.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_db_arg(tune)
 

@@ -286,10 +286,24 @@ class SearchLoop:
                 continue  # another worker was quicker
             self.counts.taken_over += 1
             self.progress(f"taking over {name} from {got.previous} (its lease lapsed)")
+            self._repair_study(got.previous)
             entry = self._pending([], config, name, source, variant, taken_over_from=got.previous)
             self.in_flight[name] = entry
             taken.append(entry)
         return taken
+
+    def _repair_study(self, dead: str) -> None:
+        """The dead worker's measured variants that never reached the shared study (it writes
+        them in the background) are added by the worker that took its claim over."""
+        done = {c.kernel_name for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
+                                                      self.problem.shape_key, self.options.cache_mode)
+                if c.owner == dead and c.state == "done"}
+        trials = self.db.trials(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
+                                self.options.cache_mode)
+        measured = {t.kernel_name: (t.params, t.time_us if t.status == "ok" else PENALTY_US)
+                    for t in trials if t.kernel_name in done and not self.family.space.violations(t.params)}
+        if measured:
+            self.study.add_missing(measured, {"status": "recovered", "worker": dead})
 
     def _drain(self) -> list[_Pending]:
         """Wait while other workers hold live claims of this problem; returns the ones that lapse

@@ -197,6 +197,18 @@ class SharedStudy:
                 log.warning("a trial could not be added to the shared study: %s", future.exception())
         return failed
 
+    def add_missing(self, measured: dict[str, tuple[dict, float]], attrs: dict) -> None:
+        """Add (in the background, after this worker's own writes) the measured variants the
+        shared study lacks: a killed worker's last trials, stored in autogen's tables but not yet
+        written to the study when it died."""
+        def add() -> None:
+            have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
+            for name, (params, value) in measured.items():
+                if name not in have:
+                    self.shared.add_trial(optuna.trial.create_trial(
+                        params=params, distributions=self.dists, value=value, user_attrs={"kernel": name, **attrs}))
+        self._writes.append(self._writer.submit(add))
+
     def add_known(self, measured: dict[str, tuple[dict, float]], dists: dict) -> int:
         """Tell the shared study the variants the database holds that it does not know yet
         (measured before studies were shared, or by an older autogen); returns how many."""

@@ -990,8 +990,8 @@ class TuningDB:
     ) -> Claim:
         """Claim the variant of ``trial`` (its problem, kernel name, params and cache mode) for
         ``owner`` for ``lease_s`` seconds, unless it is measured already, another worker holds a
-        live lease on it, or ``budget`` trials of the problem (stored ones plus live claims) are
-        reached. A lapsed lease is taken over. Decided under the write lock (SQLite: BEGIN
+        live lease on it, or ``budget`` trials of the problem (stored ones plus running claims)
+        are reached. A lapsed lease is taken over (pass no budget: it holds its place already). Decided under the write lock (SQLite: BEGIN
         IMMEDIATE; PostgreSQL: the GPU row FOR UPDATE), so concurrent workers never both win,
         and the budget is exact across them."""
         problem = (trial.family, trial.dtype, trial.shape_key, trial.cache_mode)
@@ -1010,7 +1010,7 @@ class TuningDB:
                                                    TrialRow.status != "rejected")).first()
             if stored is not None:  # measured before claims existed, or without one
                 return Claim("done", stored)
-            if budget is not None and self._launched(session, gpu_id, problem, now) >= budget:
+            if budget is not None and self._launched(session, gpu_id, problem) >= budget:
                 return Claim("budget")
             values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
                           owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
@@ -1027,15 +1027,15 @@ class TuningDB:
             return Claim("claimed", trial.kernel_name, taken_over=previous != owner, previous=previous)
 
     @staticmethod
-    def _launched(session: Session, gpu_id: int, problem: tuple, now: float) -> int:
+    def _launched(session: Session, gpu_id: int, problem: tuple) -> int:
         """Trials of the problem that count against its budget: stored ones (not rejected) and
-        variants under a live lease."""
+        running claims, lapsed ones included: a dead worker's variant keeps its place in the
+        budget until a live worker takes it over and measures it."""
         stored = session.scalar(select(func.count()).select_from(TrialRow).where(
             *_problem_of(TrialRow, gpu_id, *problem), TrialRow.status != "rejected"))
-        live = session.scalar(select(func.count()).select_from(ClaimRow).where(
-            *_problem_of(ClaimRow, gpu_id, *problem), ClaimRow.state == "running",
-            ClaimRow.expires_at > now))
-        return stored + live
+        running = session.scalar(select(func.count()).select_from(ClaimRow).where(
+            *_problem_of(ClaimRow, gpu_id, *problem), ClaimRow.state == "running"))
+        return stored + running
 
     def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
         """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
