@@ -61,6 +61,8 @@ def _key(params: dict) -> tuple:
 # Consecutive asks that yield only measured, rejected or in-flight points before the search
 # counts the space as exhausted (small spaces, or budgets larger than the space).
 MAX_IDLE_ASKS = 1000
+# How stale the sampler's view of the other workers' trials may get (seconds).
+REFRESH_S = 1.0
 
 
 @dataclass
@@ -154,7 +156,7 @@ class SearchLoop:
                     if time.monotonic() - last_check > self.lease.heartbeat_s / 2:
                         last_check = time.monotonic()
                         pending.extend(self._take_over_lapsed())
-                    study.refresh(min_interval_s=0.2)
+                    study.refresh(min_interval_s=REFRESH_S)
                     while len(pending) < depth and may_ask():
                         entry = self._next()
                         if entry is not None:
@@ -271,8 +273,8 @@ class SearchLoop:
         """Claims of this problem whose worker stopped beating: taken over and compiled here."""
         taken = []
         for claim in self.db.claims(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
-                                    self.options.cache_mode):
-            if claim.state != "running" or claim.expires_in_s > 0 or claim.owner == self.owner:
+                                    self.options.cache_mode, running=True):
+            if claim.expires_in_s > 0 or claim.owner == self.owner:
                 continue
             if self.family.space.violations(claim.params):
                 continue
@@ -313,8 +315,8 @@ class SearchLoop:
             if taken:
                 return taken
             live = [c for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
-                                              self.problem.shape_key, self.options.cache_mode)
-                    if c.state == "running" and c.owner != self.owner]
+                                              self.problem.shape_key, self.options.cache_mode, running=True)
+                    if c.owner != self.owner]
             if not live:
                 return []
             time.sleep(min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05)))

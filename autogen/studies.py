@@ -165,8 +165,8 @@ class SharedStudy:
             self._mirrored.add(trial._trial_id)
             storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
                 params=trial.params, distributions=trial.distributions, value=trial.value))
-        live = {c.variant: c for c in self.db.claims(*self.problem_key)
-                if c.state == "running" and c.owner != self.owner and c.expires_in_s > 0}
+        live = {c.variant: c for c in self.db.claims(*self.problem_key, running=True)
+                if c.owner != self.owner and c.expires_in_s > 0}
         for variant, local in list(self._running.items()):
             if variant not in live:  # measured (its finished trial arrives above) or abandoned
                 storage_.set_trial_state_values(local, TrialState.FAIL)

@@ -996,8 +996,7 @@ class TuningDB:
         and the budget is exact across them."""
         problem = (trial.family, trial.dtype, trial.shape_key, trial.cache_mode)
         with self._write() as session:
-            gpu_id = self._upsert_gpu(session, device)
-            _lock_gpu(session, device)
+            gpu_id = self._locked_gpu_id(session, device)
             now = _db_epoch(session)
             row = session.scalars(_claims_of(gpu_id, *problem).where(ClaimRow.variant == variant)).one_or_none()
             if row is not None and row.state == "done":
@@ -1044,7 +1043,7 @@ class TuningDB:
         _check_choice("status", trial.status, TRIAL_STATUSES)
         values = TrialRow.values_of(device, trial)
         with self._write() as session:
-            gpu_id = self._upsert_gpu(session, device)
+            gpu_id = self._locked_gpu_id(session, device)
             values.update(gpu_id=gpu_id, created_at=_now())
             trial_id = self._upsert(session, TrialRow, values, TRIAL_KEY)
             if trial.status != "ok":
@@ -1071,8 +1070,9 @@ class TuningDB:
             return session.execute(statement, execution_options=UNSYNCHRONIZED).rowcount
 
     def claims(self, device: DeviceIdentity, family: str, dtype: str, shape_key: str,
-               cache_mode: str = "cold") -> list[ClaimRecord]:
-        """Every claim of one problem, oldest first, with the lease time left as read now."""
+               cache_mode: str = "cold", *, running: bool = False) -> list[ClaimRecord]:
+        """Every claim of one problem (``running``: the running ones only), oldest first, with
+        the lease time left as read now."""
 
         def read(session: Session, schema: _Schema) -> list[ClaimRecord]:
             if not schema.has_table(ClaimRow):
@@ -1082,6 +1082,8 @@ class TuningDB:
                      .where(*_same_problem(ClaimRow, device, family, dtype, shape_key),
                             ClaimRow.cache_mode == cache_mode)
                      .order_by(ClaimRow.created_at, ClaimRow.id))
+            if running:
+                query = query.where(ClaimRow.state == "running")
             return [ClaimRecord(row.family, row.dtype, row.shape_key, row.cache_mode, row.variant,
                                 row.kernel_name, json.loads(row.params), row.owner, row.state,
                                 row.expires_at - now, row.attempts)
@@ -1182,6 +1184,15 @@ class TuningDB:
         except NotImplementedError as exc:
             raise DatabaseError(f"{display_url(self._url)}: {exc}", self._url) from exc
         return session.execute(statement).scalar_one()
+
+    def _locked_gpu_id(self, session: Session, device: DeviceIdentity) -> int:
+        """The GPU row's id, locked (see _lock_gpu); inserted first where missing. Claims are
+        frequent: the row is looked up before an upsert is built."""
+        gpu = _lock_gpu(session, device)
+        if gpu is None:
+            self._upsert_gpu(session, device)
+            gpu = _lock_gpu(session, device)
+        return gpu.id
 
     def _upsert_gpu(self, session: Session, device: DeviceIdentity) -> int:
         return self._upsert(session, GpuRow, GpuRow.values_of(device), GPU_KEY)
