@@ -74,7 +74,8 @@ def main() -> int:
     import cupy  # noqa: the GPUs this machine has, for the record
 
     count = cupy.cuda.runtime.getDeviceCount()
-    names = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in range(count)]
+    names = [cupy.cuda.runtime.getDeviceProperties(i)["name"] for i in range(count)]
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
     report["gpus"] = names
     if count < 2:
         raise SystemExit(f"needs two GPUs or more; this machine has {count}")
