@@ -56,32 +56,45 @@ def _adopt(spec: WorkSpec, eval_timeout_s: float):
 
 
 class GpuBackend:
-    def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float):
+    def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float,
+                 pool: concurrent.futures.ProcessPoolExecutor | None = None):
         self.spec = spec
         self.workers = workers
         self.eval_timeout_s = eval_timeout_s
-        self._pool_future: concurrent.futures.Future | None = None
+        self._owns_pool = pool is None  # given: a compile pool shared by the backends of several GPUs
+        self._pool_future: concurrent.futures.Future = concurrent.futures.Future()
+        if pool is not None:
+            self._pool_future.set_result(pool)
         self.evaluator: IsolatedEvaluator | None = None
 
+    @staticmethod
+    def compile_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+        return _new_pool(workers)
+
     def __enter__(self) -> "GpuBackend":
-        # Spawning one process per core takes the spawning thread ~10 ms each: a helper thread
-        # does it while this one goes on (the first compile waits for the pool).
-        starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-pool")
-        self._pool_future = starter.submit(_new_pool, self.workers)
-        starter.shutdown(wait=False)
+        if self._owns_pool:
+            # Spawning one process per core takes the spawning thread ~10 ms each: a helper thread
+            # does it while this one goes on (the first compile waits for the pool).
+            starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-pool")
+            self._pool_future = starter.submit(_new_pool, self.workers)
+            starter.shutdown(wait=False)
         try:
             # Spawned, not waited for: the first request (or .device) waits for its context.
             self.evaluator = _adopt(self.spec, self.eval_timeout_s) or IsolatedEvaluator(self.spec,
                                                                                           self.eval_timeout_s)
         except BaseException:
-            self._pool_future.result().shutdown(cancel_futures=True)
+            self._close_pool()
             raise
         return self
 
     def __exit__(self, *exc_info) -> None:
         if self.evaluator is not None:
             self.evaluator.close()
-        self._pool_future.result().shutdown(cancel_futures=True)
+        self._close_pool()
+
+    def _close_pool(self) -> None:
+        if self._owns_pool:
+            self._pool_future.result().shutdown(cancel_futures=True)
 
     @property
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor:

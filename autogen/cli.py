@@ -71,6 +71,13 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     tune.add_argument("--refresh", action="store_true",
                       help="re-time a stale winner's best few trials in this environment (driver, runtime, NVRTC, "
                            "autogen or template changed) instead of searching")
+    tune.add_argument("--gpus", metavar="all|N,N...",
+                      help="tune on these GPUs of this machine, one isolated evaluator each: problems "
+                           "are spread over them, and a problem's trials too when problems run out "
+                           "(default: the current GPU)")
+    tune.add_argument("--lease", type=float, default=60.0, metavar="S",
+                      help="a worker that stops (killed, machine lost) has its variants taken over by "
+                           "the others sharing the database this long after its last heartbeat (default 60)")
     tune.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_db_arg(tune)
 

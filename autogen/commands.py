@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import replace
 
 from .errors import InvalidConfigError, NotTunedError, UsageError
 from .family import get_family
@@ -26,23 +27,28 @@ def _family(args):
 def cmd_tune(args) -> int:
     check_tune_options(args)
     problems = problems_from_args(args, _family(args))
-    _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
+    if getattr(args, "gpus", None) is None:
+        _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
+    from .distributed import parse_gpus, resolve_gpus, tune_problems
+    gpus = parse_gpus(getattr(args, "gpus", None))
     from .gpu import require_cupy
-    from .tuner import TuneOptions, check_options, tune
+    from .tuner import TuneOptions, check_options
 
     options = TuneOptions(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed,
                           cache_mode=args.cache, db_url=args.db, warm_start=not args.no_warm_start,
                           eval_timeout_s=args.eval_timeout, refresh=getattr(args, "refresh", False),
-                          **({"workers": args.workers} if args.workers else {}))
+                          lease_s=args.lease, **({"workers": args.workers} if args.workers else {}))
     check_options(options)
-    require_cupy()
-    documents = []
+    cupy = require_cupy()
+    if gpus is not None:
+        options = replace(options, gpus=resolve_gpus(gpus, cupy.cuda.runtime.getDeviceCount()))
+
+    def show(result) -> None:  # each table as its problem finishes (several GPUs: in that order)
+        if not args.json:
+            print(tune_table(tune_summary(result)) + ("\n" if len(problems) > 1 else ""), flush=True)
+
     try:
-        for problem in problems:
-            document = tune_summary(tune(problem, options))
-            documents.append(document)
-            if not args.json:
-                print(tune_table(document) + ("\n" if len(problems) > 1 else ""), flush=True)
+        documents = [tune_summary(result) for result in tune_problems(problems, options, on_result=show)]
     finally:
         from .backend import discard_prestarted
         discard_prestarted()  # unused when the database answered

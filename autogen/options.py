@@ -49,6 +49,12 @@ def check_tune_options(args) -> None:
     for option, value in (("--timeout", args.timeout), ("--eval-timeout", args.eval_timeout)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise UsageError(f"{option} must be a positive number of seconds, got {value}")
+    lease = getattr(args, "lease", None)
+    if lease is not None and not (math.isfinite(lease) and lease >= 2):
+        raise UsageError(f"--lease must be at least 2 seconds, got {lease}")
+    if getattr(args, "gpus", None) is not None:
+        from .distributed import parse_gpus
+        parse_gpus(args.gpus)
 
 
 def check_db_url(text: str | None, option: str = "--db") -> str | None:

@@ -1,8 +1,9 @@
 """The search: Optuna's study (one categorical per parameter) and the loop that feeds it.
 
-Our database is the single source of truth: a study lives in memory and is rebuilt from the
-stored trials of the same problem (autogen.warmstart), so running the same command again
-continues where it stopped.
+The study lives in the tuning database (autogen.studies), shared by every worker tuning the same
+problem on the same GPU model; autogen's own tables stay the source of truth: a variant is
+claimed there before it is compiled (TuningDB.claim), so no two workers measure it, the trial
+budget counts every worker's trials, and running the same command again continues the search.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import re
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import optuna
@@ -21,6 +22,7 @@ from optuna.distributions import CategoricalDistribution
 from tuning_db import TuningDB
 from tuning_db.records import TrialRecord
 
+from . import studies
 from .compile import compile_options
 from .errors import CompileError, UsageError
 from .problem import Config, Problem
@@ -50,22 +52,6 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     raise UsageError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
 
 
-def create_study(space: Space, sampler: str, seed: int | None, measured: dict[str, tuple[dict, float]],
-                 seeds: list[dict], exhaustive_points: list[dict]) -> optuna.Study:
-    """A study that already knows `measured` (kernel name -> (params, value)) and will try
-    `seeds` (warm start) and then `exhaustive_points` before asking its sampler."""
-    study = optuna.create_study(direction="minimize", sampler=make_sampler(sampler, seed))
-    dists = distributions(space)
-    for params, value in measured.values():
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value))
-    known = {_key(params) for params, _ in measured.values()}
-    for params in seeds + exhaustive_points:
-        if _key(params) not in known:
-            study.enqueue_trial(params)
-            known.add(_key(params))
-    return study
-
-
 def _key(params: dict) -> tuple:
     return tuple(sorted(params.items()))
 
@@ -75,6 +61,8 @@ def _key(params: dict) -> tuple:
 # Consecutive asks that yield only measured, rejected or in-flight points before the search
 # counts the space as exhausted (small spaces, or budgets larger than the space).
 MAX_IDLE_ASKS = 1000
+# How stale the sampler's view of the other workers' trials may get (seconds).
+REFRESH_S = 1.0
 
 
 @dataclass
@@ -83,90 +71,179 @@ class SearchCounts:
     failed: int = 0
     rejected: int = 0
     reused: int = 0
+    taken_over: int = 0  # variants whose worker died, measured here instead
+    evaluated: list = field(default_factory=list)  # kernel names evaluated by this loop, in order
 
 
 @dataclass
 class _Pending:
-    trials: list  # optuna trials waiting for this variant
+    trials: list  # local optuna trials waiting for this variant (none for a take-over)
     config: Config
     name: str
     source: str
+    variant: str
     future: concurrent.futures.Future
+    taken_over_from: str = ""  # the dead worker whose claim this was
 
 
 class SearchLoop:
-    """Ask Optuna, render, compile ahead in the backend's pool, evaluate in order on the GPU
-    worker, store every trial as it completes, tell Optuna. A variant already measured (this run
-    or an earlier one), or rendering the same code as one, is not measured again."""
+    """Ask the shared study, claim the variant, render, compile ahead in the backend's pool,
+    evaluate in order on the GPU worker, store every trial as it completes (marking its claim
+    done), tell Optuna. A variant already measured (this run, an earlier one, or another worker),
+    claimed by a live worker, or rendering the same code as one, is not measured again.
+
+    ``owner`` names this worker in claims (autogen.studies.new_owner); ``slot`` is its index
+    among the loops of this process (its sampler's seed is offset by it, so two GPUs of one
+    machine do not propose the same points)."""
 
     def __init__(self, family, problem: Problem, options, db: TuningDB, device, backend, start,
-                 counts: SearchCounts, progress: Callable[[str], None]):
+                 counts: SearchCounts, progress: Callable[[str], None], owner: str | None = None,
+                 slot: int = 0):
         self.family, self.problem, self.options = family, problem, options
         self.db, self.device, self.backend = db, device, backend
-        self.stored = start.stored  # kernel name -> TrialRecord, grows as trials complete
+        self.stored = dict(start.stored)  # kernel name -> TrialRecord, grows as trials complete
         self.start = start
         self.counts = counts
         self.progress = progress
         self.compile_options = " ".join(compile_options(device.arch))
+        self.owner = owner or studies.new_owner()
+        self.slot = slot
+        self.lease = studies.Lease(options.lease_s)
+
+    def open_study(self) -> studies.SharedStudy:
+        seed = self.options.seed
+        if seed is not None and self.slot:
+            seed = (seed + 7919 * self.slot) % 2**32
+        name = studies.study_name(self.problem, self.options.cache_mode, self.device)
+        attrs = {"family": self.problem.family, "dtype": self.problem.dtype, "shape": self.problem.shape_key,
+                 "cache_mode": self.options.cache_mode, "gpu": self.device.name,
+                 "compute_capability": self.device.compute_capability, "trials_budget": self.options.trials}
+        key = (self.device, self.problem.family, self.problem.dtype, self.problem.shape_key, self.options.cache_mode)
+        return studies.SharedStudy(self.db, name, make_sampler(self.options.sampler, seed), attrs,
+                                   self.dists, self.owner, key)
 
     def run(self, started: float) -> None:
         options, space = self.options, self.family.space
         exhaustive = [c.as_dict() for c in space.enumerate()] if options.sampler == "exhaustive" else []
         # Seeds are tried even where the shape would prune them: the default is the baseline.
         self.seed_keys = {_key(p) for p in self.start.seeds}
-        study = create_study(space, options.sampler, options.seed, self.start.measured, self.start.seeds, exhaustive)
-        dists = distributions(space)
-        by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
+        self.dists = dists = distributions(space)
+        study = self.study = self.open_study()
+        study.add_known(self.start.measured, dists)
+        study.refresh()
+        self.local = study.local
+        self.fixed = collections.deque(self.start.seeds + exhaustive)  # asked first, in order
+        self.by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
         pending: collections.deque[_Pending] = collections.deque()
-        in_flight: dict[str, _Pending] = {}
+        self.in_flight: dict[str, _Pending] = {}
         depth = max(2, 2 * options.workers)
-        queued = len(study.get_trials(states=(optuna.trial.TrialState.WAITING,)))
-        asked = idle_asks = 0
-        # The budget counts variants measured for this problem in earlier runs too, so running
-        # the same command again finishes an interrupted search instead of starting another.
-        launched = sum(1 for t in self.stored.values() if t.status != "rejected")
+        self.idle_asks = 0
+        self.budget_reached = self.space_done = False
+        last_check = 0.0
 
-        def budget_left() -> bool:
-            if options.timeout_s is not None and time.monotonic() - started > options.timeout_s:
+        def may_ask() -> bool:
+            if self.timed_out(started):
                 return False
             if options.stop_at_us is not None and any(
                     t.status == "ok" and t.time_us <= options.stop_at_us for t in self.stored.values()):
                 return False
-            if options.sampler == "exhaustive" and asked >= queued:
-                return False  # every point was served: the space is exhausted
             # A sampler that keeps proposing measured or invalid points has run out of space.
-            return launched < options.trials and idle_asks < MAX_IDLE_ASKS
+            return not (self.budget_reached or self.space_done) and self.idle_asks < MAX_IDLE_ASKS
 
-        while True:
-            while len(pending) < depth and budget_left():
-                trial = study.ask(dists)
-                asked += 1
-                outcome = self._classify(trial, in_flight, by_body)
-                if outcome is None:
-                    idle_asks += 1
-                    continue
-                idle_asks = 0
-                config, name, source = outcome
-                entry = _Pending([trial], config, name, source, self.backend.compile(source, self.device.arch))
-                pending.append(entry)
-                in_flight[name] = entry
-                launched += 1
-            if not pending:
-                break
-            entry = pending.popleft()
-            record = self._evaluate(entry)
-            del in_flight[entry.name]
-            self.stored[entry.name] = record
-            by_body[_body_hash(entry.source, entry.name)] = entry.name
-            value = record.time_us if record.status == "ok" else PENALTY_US
-            for trial in entry.trials:
-                study.tell(trial, value)
-            self._report(record)
+        with studies.Heartbeat(self.db, self.owner, self.lease):
+            try:
+                while True:
+                    if time.monotonic() - last_check > self.lease.heartbeat_s / 2:
+                        last_check = time.monotonic()
+                        pending.extend(self._take_over_lapsed())
+                    study.refresh(min_interval_s=REFRESH_S)
+                    while len(pending) < depth and may_ask():
+                        entry = self._next()
+                        if entry is not None:
+                            pending.append(entry)
+                            self.in_flight[entry.name] = entry
+                    if not pending:
+                        if self.timed_out(started):
+                            break
+                        # Done asking: wait for the other workers' variants of this problem, and
+                        # take over those whose worker died.
+                        pending.extend(self._drain())
+                        if not pending:
+                            break
+                        continue
+                    self._complete(pending.popleft())
+            except BaseException:
+                self._abandon()
+                raise
+            finally:
+                study.close()
         if options.sampler == "exhaustive" and self._unmeasured(exhaustive):
             self.progress("note: the trial budget ended the exhaustive search early (raise --trials)")
 
-    def _classify(self, trial, in_flight, by_body):
-        """Reject, reuse or accept an asked trial; returns (config, name, source) to compile."""
+    def timed_out(self, started: float) -> bool:
+        return self.options.timeout_s is not None and time.monotonic() - started > self.options.timeout_s
+
+    # -- asking and claiming ----------------------------------------------------------------------
+
+    def _ask(self) -> optuna.trial.Trial | None:
+        """The next trial: the fixed points first (seeds, then the exhaustive sweep), then the
+        sampler's. None when an exhaustive sweep is over."""
+        while self.fixed:
+            params = self.fixed.popleft()
+            if self._locally_known(params):
+                continue
+            self.local.enqueue_trial(params)
+            return self.local.ask(self.dists)
+        if self.options.sampler == "exhaustive":
+            self.space_done = True
+            return None
+        return self.local.ask(self.dists)
+
+    def _locally_known(self, params: dict) -> bool:
+        if self.family.space.violations(params):
+            return False  # rejected (and counted) when asked
+        name = self.family.kernel_name(self.problem.dtype, self.family.space.check(params), self.problem.traits)
+        return name in self.stored or name in self.in_flight
+
+    def _next(self) -> _Pending | None:
+        trial = self._ask()
+        if trial is None:
+            return None
+        outcome = self._classify(trial)
+        if outcome is None:
+            self.idle_asks += 1
+            return None
+        config, name, source = outcome
+        variant = _body_hash(source, name)
+        claim = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
+                              self.lease.lease_s, budget=self.options.trials)
+        if claim.status == "claimed":
+            self.idle_asks = 0
+            return self._pending([trial], config, name, source, variant)
+        self.idle_asks += 1
+        if claim.status == "done":  # another worker (or an earlier run) measured it
+            known = self.db.find_trial(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
+                                       claim.kernel_name, self.options.cache_mode)
+            if known is not None:
+                self.stored[name] = known
+                self.counts.reused += 1
+                self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
+                return None
+        elif claim.status == "budget":
+            self.budget_reached = True
+        # Taken (another worker holds it: its shared trial stands for it), or past the budget:
+        # not a measurement; FAIL keeps it out of the sampler's model.
+        self.local.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return None
+
+    def _pending(self, trials: list, config: Config, name: str, source: str, variant: str,
+                 taken_over_from: str = "") -> _Pending:
+        """Claimed: handed to the compile pool."""
+        return _Pending(trials, config, name, source, variant, self.backend.compile(source, self.device.arch),
+                        taken_over_from)
+
+    def _classify(self, trial):
+        """Reject, reuse or accept an asked trial; returns (config, name, source) to claim."""
         params = trial.params
         if self.family.space.violations(params):
             return self._reject(trial)
@@ -174,21 +251,107 @@ class SearchLoop:
         if self.family.reject_reason(self.problem, config) and _key(params) not in self.seed_keys:
             return self._reject(trial)
         name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
-        if name in in_flight:
-            in_flight[name].trials.append(trial)
+        if name in self.in_flight:
+            self.in_flight[name].trials.append(trial)
             return None
         source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
-        known = self.stored.get(name) or self.stored.get(by_body.get(_body_hash(source, name), ""))
+        known = self.stored.get(name) or self.stored.get(self.by_body.get(_body_hash(source, name), ""))
         if known is not None:  # measured already (this run, or an earlier one): not measured again
             self.counts.reused += 1
-            trial.study.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
+            self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
             return None
         return config, name, source
 
     def _reject(self, trial) -> None:
         self.counts.rejected += 1
-        trial.study.tell(trial, PENALTY_US)
+        self.local.tell(trial, PENALTY_US)
         return None
+
+    # -- workers that died ------------------------------------------------------------------------
+
+    def _take_over_lapsed(self) -> list[_Pending]:
+        """Claims of this problem whose worker stopped beating: taken over and compiled here."""
+        taken = []
+        for claim in self.db.claims(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
+                                    self.options.cache_mode, running=True):
+            if claim.expires_in_s > 0 or claim.owner == self.owner:
+                continue
+            if self.family.space.violations(claim.params):
+                continue
+            config = self.family.space.check(claim.params)
+            name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
+            source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
+            variant = _body_hash(source, name)
+            got = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
+                                self.lease.lease_s)
+            if got.status != "claimed":
+                continue  # another worker was quicker
+            self.counts.taken_over += 1
+            self.progress(f"taking over {name} from {got.previous} (its lease lapsed)")
+            self._repair_study(got.previous)
+            entry = self._pending([], config, name, source, variant, taken_over_from=got.previous)
+            self.in_flight[name] = entry
+            taken.append(entry)
+        return taken
+
+    def _repair_study(self, dead: str) -> None:
+        """The dead worker's measured variants that never reached the shared study (it writes
+        them in the background) are added by the worker that took its claim over."""
+        done = {c.kernel_name for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
+                                                      self.problem.shape_key, self.options.cache_mode)
+                if c.owner == dead and c.state == "done"}
+        trials = self.db.trials(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
+                                self.options.cache_mode)
+        measured = {t.kernel_name: (t.params, t.time_us if t.status == "ok" else PENALTY_US)
+                    for t in trials if t.kernel_name in done and not self.family.space.violations(t.params)}
+        if measured:
+            self.study.add_missing(measured, {"status": "recovered", "worker": dead})
+
+    def _drain(self) -> list[_Pending]:
+        """Wait while other workers hold live claims of this problem; returns the ones that lapse
+        meanwhile, taken over (empty once no claim is left running)."""
+        while True:
+            taken = self._take_over_lapsed()
+            if taken:
+                return taken
+            live = [c for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
+                                              self.problem.shape_key, self.options.cache_mode, running=True)
+                    if c.owner != self.owner]
+            if not live:
+                return []
+            time.sleep(min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05)))
+
+    def _abandon(self) -> None:
+        """Interrupted: give the claims back at once, so that no one waits for their leases."""
+        try:
+            self.db.release_claims(self.owner)
+        except Exception:
+            pass  # the leases lapse anyway
+
+    # -- measuring ----------------------------------------------------------------------------------
+
+    def _complete(self, entry: _Pending) -> None:
+        record = self._evaluate(entry)
+        del self.in_flight[entry.name]
+        self.stored[entry.name] = record
+        self.by_body[entry.variant] = entry.name
+        value = record.time_us if record.status == "ok" else PENALTY_US
+        attrs = {"kernel": entry.name, "status": record.status}
+        if entry.taken_over_from:
+            attrs["taken_over_from"] = entry.taken_over_from
+        self.study.record(entry.config.as_dict(), self.dists, value, attrs)
+        for trial in entry.trials:
+            self.local.tell(trial, value)
+        if not entry.trials:  # a take-over: the local sampler learns it too
+            self.local.add_trial(optuna.trial.create_trial(
+                params=entry.config.as_dict(), distributions=self.dists, value=value))
+        self._report(record)
+
+    def _record_base(self, name: str, config: Config, source: str) -> TrialRecord:
+        return TrialRecord(family=self.problem.family, dtype=self.problem.dtype, shape_key=self.problem.shape_key,
+                           kernel_name=name, params=config.as_dict(), status="rejected",
+                           source_hash=source_hash(source), compile_options=self.compile_options,
+                           cache_mode=self.options.cache_mode)
 
     def _evaluate(self, entry: _Pending) -> TrialRecord:
         base = dict(family=self.problem.family, dtype=self.problem.dtype, shape_key=self.problem.shape_key,
@@ -202,6 +365,7 @@ class SearchLoop:
         except Exception as exc:  # a compile worker died
             record = TrialRecord(status="failed", reason=f"compile: {type(exc).__name__}: {exc}", **base)
         else:
+            self.counts.evaluated.append(entry.name)
             best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
             outcome = self.backend.evaluator.evaluate(entry.name, cubin, entry.config.as_dict(), best_us=best)
             if outcome.status == "ok":
@@ -215,8 +379,9 @@ class SearchLoop:
             self.counts.measured += 1
         else:
             self.counts.failed += 1
-        # Stored at once: an interrupted run loses at most the trial in flight.
-        return self.db.record_trial(self.device, record)
+        # Stored at once, with its claim marked done: an interrupted run loses at most the trials
+        # in flight, and their claims are given back (or lapse).
+        return self.db.complete_claim(self.device, record, entry.variant, self.owner)
 
     def _report(self, record: TrialRecord) -> None:
         done = self.counts.measured + self.counts.failed

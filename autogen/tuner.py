@@ -1,10 +1,11 @@
 """Tuning one problem, start to end: start the backend (compile pool and GPU worker), find where
 the search starts (autogen.warmstart), run the search loop (autogen.search), then choose and
-store the winner (autogen.finish)."""
+store the winner (autogen.finish). autogen.distributed runs the same steps over several GPUs."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -38,6 +39,8 @@ class TuneOptions:
     warm_start: bool = True
     stop_at_us: float | None = None  # stop searching once a variant is at least this fast
     refresh: bool = False  # re-time a stale winner's best few trials here instead of searching
+    gpus: tuple[int, ...] | None = None  # device ordinals to tune on (None: the current GPU)
+    lease_s: float = 60.0  # a killed worker's variants go to the others this long after its last beat
 
 
 @dataclass
@@ -59,6 +62,8 @@ class TuneResult:
     phases_s: dict = field(default_factory=dict)  # startup, search, finish
     db_url: str = ""
     candidates: list[TrialRecord] = field(default_factory=list)
+    taken_over: int = 0  # variants of a dead worker measured by this run
+    gpus: tuple = ()  # the GPUs (device ordinals) that measured this problem's variants
 
 
 def _log(message: str) -> None:
@@ -73,6 +78,8 @@ def check_options(options: TuneOptions) -> None:
         raise UsageError(f"--trials must be at least 1, got {options.trials}")
     if options.cache_mode not in ("cold", "hot"):
         raise UsageError(f"--cache must be cold or hot, got {options.cache_mode!r}")
+    if not options.lease_s >= 2:
+        raise UsageError(f"--lease must be at least 2 seconds, got {options.lease_s}")
 
 
 class Tuner:
@@ -85,55 +92,103 @@ class Tuner:
         self.progress = progress
         self.backend_factory = backend_factory  # tests pass autogen.testing.replay.ReplayBackend
         self.db = TuningDB(options.db_url)
+        self._lock = threading.Lock()  # several GPUs' search loops report to one Tuner
 
     def run(self) -> TuneResult:
+        """The whole tune on one GPU (the current one, or options.gpus[0]); answered from the
+        database when there is nothing to measure."""
         started = time.monotonic()
-        problem, family, options = self.problem, self.family, self.options
         answered = self._from_database(started)
         if answered is not None:
             self.result = answered
             return answered
-        options = self.options  # a stale winner turns refresh on
-        with self.backend_factory(WorkSpec.of(problem, options.cache_mode), options.workers,
-                                  options.eval_timeout_s) as backend:
-            from .finish import finish
-            from .search import SearchCounts, SearchLoop  # Optuna's import overlaps the worker's start
-            from .warmstart import starting_point
-
-            imported = time.monotonic()
-            self._check_fits(backend.free_bytes)  # waits for the GPU worker's CUDA context
-            device = backend.device
-            result = TuneResult(problem, device, None, family.bytes_moved(problem, family.timing_case(problem)),
-                                family.flops(problem), roofline=family.roofline, db_url=self.db.url)
-            self.progress(f"tuning {problem} on {device.name} ({device.arch}), {options.sampler} sampler, "
-                          f"{options.trials} trials, {options.cache_mode} cache")
-            ready = time.monotonic()
-            counts = SearchCounts()
-            if options.refresh:
+        device_index = self.options.gpus[0] if self.options.gpus else None
+        with self.open_backend(device_index) as backend:
+            result = self.begin(backend, started)
+            if self.options.refresh:  # a stale winner: re-time its best few here, no search
                 from .refresh import refresh
-                end = refresh(family, problem, options, self.db, device, backend, self.progress)
-                searched = ready
-            else:
-                start = starting_point(self.db, device, family, problem, options.cache_mode, options.warm_start)
-                if start.stored:
-                    self.progress(f"resuming: {len(start.stored)} trials of this problem already in the database")
-                SearchLoop(family, problem, options, self.db, device, backend, start, counts,
-                           self.progress).run(started)
-                searched = time.monotonic()
-                nothing_new = counts.measured + counts.failed == 0
-                end = finish(family, problem, options, self.db, device, backend, nothing_new, self.progress)
-            result.worker_restarts = backend.evaluator.restarts
-            result.phases_s["imports"] = round(imported - started, 2)
-            # Where the GPU worker's time went (seconds waited per request kind, start-up parts).
-            result.phases_s.update({f"gpu_{k}": v for k, v in getattr(backend.evaluator, "waited_s", {}).items()})
+                end = refresh(self.family, self.problem, self.options, self.db, self.device, backend,
+                              self.progress)
+                return self._done(backend, result, end, started, searched=self.ready)
+            self.search(backend, started, device_index)
+            self.end(backend, result, started)
+        return result
+
+    def open_backend(self, device_index: int | None = None, pool=None):
+        """A backend for this problem on one GPU; ``pool``, a compile pool shared by several."""
+        spec = WorkSpec.of(self.problem, self.options.cache_mode, device_index)
+        extra = {"pool": pool} if pool is not None else {}
+        return self.backend_factory(spec, self.options.workers, self.options.eval_timeout_s, **extra)
+
+    def begin(self, backend, started: float) -> TuneResult:
+        """After the first backend is up: check the problem fits, and find where to start."""
+        from .search import SearchCounts  # Optuna's import overlaps the GPU worker's start
+        from .warmstart import starting_point
+
+        problem, family, options = self.problem, self.family, self.options
+        self.imported = time.monotonic()
+        self._check_fits(backend.free_bytes)  # waits for the GPU worker's CUDA context
+        self.device = device = backend.device
+        self.counts = SearchCounts()
+        self._gpus: list = []
+        result = TuneResult(problem, device, None, family.bytes_moved(problem, family.timing_case(problem)),
+                            family.flops(problem), roofline=family.roofline, db_url=self.db.url)
+        self.progress(f"tuning {problem} on {device.name} ({device.arch}), {options.sampler} sampler, "
+                      f"{options.trials} trials, {options.cache_mode} cache")
+        self.ready = time.monotonic()
+        self.start = starting_point(self.db, device, family, problem, options.cache_mode, options.warm_start)
+        if self.start.stored:
+            self.progress(f"resuming: {len(self.start.stored)} trials of this problem already in the database")
+        return result
+
+    def search(self, backend, started: float, device_index: int | None = None, slot: int = 0) -> None:
+        """One worker's search loop on ``backend``'s GPU; several run at once on one problem
+        (one per GPU), each its own owner of claims in the shared study."""
+        from . import studies
+        from .search import SearchCounts, SearchLoop
+
+        if backend.device.name != self.device.name:
+            raise UsageError(f"GPU {device_index} is a {backend.device.name}, not a {self.device.name}: "
+                             "a problem is searched on one GPU model")
+        label = "gpu" if device_index is None else f"gpu{device_index}"
+        counts = SearchCounts()
+        loop = SearchLoop(self.family, self.problem, self.options, self.db, self.device, backend, self.start,
+                          counts, self.progress, owner=studies.new_owner(label), slot=slot)
+        try:
+            loop.run(started)
+        finally:
+            with self._lock:
+                self._gpus.append(device_index)
+                for name in ("measured", "failed", "rejected", "reused", "taken_over"):
+                    setattr(self.counts, name, getattr(self.counts, name) + getattr(counts, name))
+                self.counts.evaluated += counts.evaluated
+
+    def end(self, backend, result: TuneResult, started: float) -> TuneResult:
+        """Once every search loop of this process is over: re-time the finalists on ``backend``'s
+        GPU and store the winner."""
+        from .finish import finish
+
+        searched = time.monotonic()
+        nothing_new = self.counts.measured + self.counts.failed == 0
+        end = finish(self.family, self.problem, self.options, self.db, self.device, backend, nothing_new,
+                     self.progress)
+        return self._done(backend, result, end, started, searched)
+
+    def _done(self, backend, result: TuneResult, end, started: float, searched: float) -> TuneResult:
+        counts = self.counts
+        result.worker_restarts = backend.evaluator.restarts
         result.winner, result.candidates = end.winner, end.finalists
         result.copy_gbs, result.fp32_tflops = end.copy_gbs, end.fp32_tflops
         result.measured, result.failed = counts.measured, counts.failed
         result.rejected, result.reused = counts.rejected, counts.reused
+        result.taken_over, result.gpus = counts.taken_over, tuple(g for g in self._gpus if g is not None)
         result.wall_s = time.monotonic() - started
-        result.phases_s.update({"startup": round(ready - started, 2), "search": round(searched - ready, 2),
-                                "finish": round(time.monotonic() - searched, 2)})
-        self.progress("wall time " + ", ".join(f"{k} {v:.1f} s" for k, v in result.phases_s.items()))
+        result.phases_s = {"imports": round(self.imported - started, 2), "startup": round(self.ready - started, 2),
+                           "search": round(searched - self.ready, 2), "finish": round(time.monotonic() - searched, 2)}
+        # Where the GPU worker's time went (seconds waited per request kind, start-up parts).
+        result.phases_s.update({f"gpu_{k}": v for k, v in getattr(backend.evaluator, "waited_s", {}).items()})
+        self.progress("wall time " + ", ".join(f"{k} {v:.1f} s" for k, v in result.phases_s.items()
+                                               if not k.startswith("gpu_")))
         self.result = result
         return result
 

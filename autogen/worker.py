@@ -34,14 +34,24 @@ class WorkSpec:
     # The module that registers the family: the child imports it to find it. Filled in from
     # the registry of the process that makes the spec when not given.
     family_module: str = ""
+    device_index: int | None = None  # the GPU (ordinal as this process sees them); None: the current one
 
     def __post_init__(self):
         if not self.family_module:
             object.__setattr__(self, "family_module", get_family(self.family).module)
 
     @classmethod
-    def of(cls, problem, cache_mode: str = "cold") -> "WorkSpec":
-        return cls(problem.family, problem.dtype, problem.dims, cache_mode)
+    def of(cls, problem, cache_mode: str = "cold", device_index: int | None = None) -> "WorkSpec":
+        return cls(problem.family, problem.dtype, problem.dims, cache_mode, device_index=device_index)
+
+
+def bind_device(device_index: int | None) -> None:
+    """Make the child see only its GPU, before CUDA starts in it (autogen.distributed)."""
+    if device_index is None:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [e.strip() for e in visible.split(",")] if visible else None
+    os.environ["CUDA_VISIBLE_DEVICES"] = entries[device_index] if entries else str(device_index)
 
 
 @dataclass(frozen=True)
@@ -217,6 +227,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _worker_main(conn, spec: WorkSpec) -> None:
     # Every reply is (status, value, still_usable); a worker whose context is lost says so and exits.
+    bind_device(spec.device_index)
     try:
         evaluator = Evaluator(spec)
         conn.send(("ok", evaluator.identity(), True))

@@ -317,7 +317,7 @@ def test_default_url_and_bare_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_opening_without_upgrade_requires_head(tmp_path: Path):
     old = tmp_path / "old.db"
     load_rev0001(old)
-    with pytest.raises(DatabaseError, match="revision 0001, not 0003: run `autogen db upgrade`"):
+    with pytest.raises(DatabaseError, match=f"revision 0001, not {migrations.head_revision()}: run `autogen db upgrade`"):
         TuningDB(old, upgrade=False)
     TuningDB(old).close()
     with TuningDB(old, upgrade=False) as database:
@@ -331,9 +331,9 @@ def test_migrations_from_empty_to_head(tmp_path: Path):
     path = tmp_path / "fresh.db"
     assert current_revision(path) is None
     assert not path.exists(), "asking for the revision must not create the database"
-    assert upgrade(path) == migrations.head_revision() == "0003"
-    assert current_revision(path) == "0003"
-    assert upgrade(path) == "0003"  # idempotent
+    assert upgrade(path) == migrations.head_revision() == "0004_trial_claims"
+    assert current_revision(path) == "0004_trial_claims"
+    assert upgrade(path) == "0004_trial_claims"  # idempotent
     with sqlite3.connect(path) as connection:
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
     assert {table.name for table in Base.metadata.sorted_tables} <= tables
@@ -381,7 +381,7 @@ def test_upgrading_a_rev0001_database_keeps_its_rows(tmp_path: Path):
     assert current_revision(path) == "0001"
 
     with TuningDB(path) as database:
-        assert current_revision(path) == "0003"
+        assert current_revision(path) == migrations.head_revision()
         h100 = dataclasses.replace(H100, driver_version=12040, runtime_version=12040)
         trials = database.trials(h100, "gemv", "float32", SHAPE)
         names = [t.kernel_name for t in trials]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-_RECORDS = ("DeviceIdentity", "InvalidRow", "TrialRecord", "ValidationRecord", "WinnerRecord", "one_per_problem")
+_RECORDS = ("Claim", "ClaimRecord", "DeviceIdentity", "InvalidRow", "TrialRecord", "ValidationRecord", "WinnerRecord", "one_per_problem")
 _REPOSITORY = ("CorruptDatabaseError", "DatabaseError", "InvalidRowError", "TuningDB", "current_revision",
                "default_url", "upgrade")
 

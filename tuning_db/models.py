@@ -229,3 +229,39 @@ class ValidationRow(Base):
             reason=self.reason,
             created_at=self.created_at,
         )
+
+
+class ClaimRow(Base):
+    """A variant being measured by one worker, or measured (revision 0004_trial_claims).
+
+    Workers sharing a database claim a variant before compiling it: the unique key makes two
+    workers on the same GPU model never measure the same variant. A running claim carries a
+    lease (``expires_at``, seconds since the epoch on the database's clock) that its worker's
+    heartbeat keeps extending; once it lapses (the worker died), another worker takes it over.
+    ``variant`` is the hash of the variant's code with its name masked, so two parameter sets
+    that render the same code are one variant.
+    """
+
+    __tablename__ = "autogen_claims"
+    __table_args__ = (
+        UniqueConstraint(
+            "gpu_id", "family", "dtype", "shape_key", "cache_mode", "variant",
+            name="uq_autogen_claims_key",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("autogen_gpus.id"))
+    family: Mapped[str] = mapped_column(String(64))
+    dtype: Mapped[str] = mapped_column(String(32))
+    shape_key: Mapped[str] = mapped_column(String(256))
+    cache_mode: Mapped[str] = mapped_column(String(8))
+    variant: Mapped[str] = mapped_column(String(64))
+    kernel_name: Mapped[str] = mapped_column(String(256))
+    params: Mapped[str] = mapped_column(Text)  # JSON object
+    owner: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))  # "running" | "done"
+    expires_at: Mapped[float] = mapped_column(Float)
+    attempts: Mapped[int]  # 1 + the number of take-overs
+    created_at: Mapped[str] = mapped_column(TIMESTAMP)
+    updated_at: Mapped[str] = mapped_column(TIMESTAMP)

@@ -114,3 +114,33 @@ def one_per_problem(winners: "list[WinnerRecord] | tuple[WinnerRecord, ...]") ->
             chosen[key] = winner
     keep = {id(w) for w in chosen.values()}
     return [w for w in winners if id(w) in keep]
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """A variant claimed by a worker sharing the database (see TuningDB.claim)."""
+
+    family: str
+    dtype: str
+    shape_key: str
+    cache_mode: str
+    variant: str  # hash of the variant's code with its name masked
+    kernel_name: str
+    params: dict = field(hash=False)
+    owner: str = ""
+    state: str = "running"  # "running" | "done"
+    expires_in_s: float = 0.0  # seconds left on the lease when read (negative: lapsed)
+    attempts: int = 1  # 1 + take-overs
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to TuningDB.claim: ``status`` is
+    "claimed" (yours to measure; ``taken_over`` when a lapsed lease was taken from ``previous``),
+    "done" (measured already, as ``kernel_name``), "taken" (another worker holds a live lease),
+    or "budget" (the problem's trial budget is used up by stored trials and live claims)."""
+
+    status: str
+    kernel_name: str = ""
+    taken_over: bool = False
+    previous: str = ""  # the owner whose lapsed lease was taken over

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, delete, event, inspect, literal, null, select
+from sqlalchemy import create_engine, delete, event, func, inspect, literal, null, select, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -38,8 +38,10 @@ from sqlalchemy.pool import NullPool, StaticPool
 from sqlalchemy.sql import Insert
 
 from tuning_db import migrations
-from tuning_db.models import Base, GpuRow, TrialRow, ValidationRow, WinnerRow
+from tuning_db.models import Base, ClaimRow, GpuRow, TrialRow, ValidationRow, WinnerRow
 from tuning_db.records import (
+    Claim,
+    ClaimRecord,
     DeviceIdentity,
     InvalidRow,
     TrialRecord,
@@ -388,7 +390,8 @@ _STAND_INS: dict[tuple[str, str], Callable[[], Any]] = {
     (TrialRow.__tablename__, "spread_us"): null,  # revision 0002
     (WinnerRow.__tablename__, "cache_mode"): lambda: None,  # revision 0003
 }
-_OPTIONAL_TABLES = frozenset({ValidationRow.__tablename__})  # revision 0002
+_OPTIONAL_TABLES = frozenset({ValidationRow.__tablename__,  # revision 0002
+                              ClaimRow.__tablename__})  # revision 0004_trial_claims
 
 
 @dataclass(frozen=True)
@@ -797,7 +800,7 @@ class TuningDB:
             if gpu is None:
                 return 0
             deleted = 0
-            for model in (WinnerRow, TrialRow):  # the winner first: it references a trial
+            for model in (ClaimRow, WinnerRow, TrialRow):  # the winner first: it references a trial
                 statement = delete(model).where(
                     model.gpu_id == gpu.id,
                     model.family == family,
@@ -974,6 +977,120 @@ class TuningDB:
 
         return self._reading(read, ([], []))
 
+    # -- claims (workers sharing the database) ----------------------------------------------------
+
+    def claim(
+        self,
+        device: DeviceIdentity,
+        trial: TrialRecord,
+        variant: str,
+        owner: str,
+        lease_s: float,
+        budget: int | None = None,
+    ) -> Claim:
+        """Claim the variant of ``trial`` (its problem, kernel name, params and cache mode) for
+        ``owner`` for ``lease_s`` seconds, unless it is measured already, another worker holds a
+        live lease on it, or ``budget`` trials of the problem (stored ones plus running claims)
+        are reached. A lapsed lease is taken over (pass no budget: it holds its place already). Decided under the write lock (SQLite: BEGIN
+        IMMEDIATE; PostgreSQL: the GPU row FOR UPDATE), so concurrent workers never both win,
+        and the budget is exact across them."""
+        problem = (trial.family, trial.dtype, trial.shape_key, trial.cache_mode)
+        with self._write() as session:
+            gpu_id = self._locked_gpu_id(session, device)
+            now = _db_epoch(session)
+            row = session.scalars(_claims_of(gpu_id, *problem).where(ClaimRow.variant == variant)).one_or_none()
+            if row is not None and row.state == "done":
+                return Claim("done", row.kernel_name)
+            if row is not None and row.expires_at > now and row.owner != owner:
+                return Claim("taken", row.kernel_name)
+            stored = session.scalars(
+                select(TrialRow.kernel_name).where(*_problem_of(TrialRow, gpu_id, *problem),
+                                                   TrialRow.kernel_name == trial.kernel_name,
+                                                   TrialRow.status != "rejected")).first()
+            if stored is not None:  # measured before claims existed, or without one
+                return Claim("done", stored)
+            if budget is not None and self._launched(session, gpu_id, problem) >= budget:
+                return Claim("budget")
+            values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
+                          owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
+            if row is None:
+                session.add(ClaimRow(gpu_id=gpu_id, family=trial.family, dtype=trial.dtype,
+                                     shape_key=trial.shape_key, cache_mode=trial.cache_mode,
+                                     variant=variant, attempts=1, created_at=values["updated_at"],
+                                     **values))
+                return Claim("claimed", trial.kernel_name)
+            previous = row.owner
+            for name, value in values.items():
+                setattr(row, name, value)
+            row.attempts += 1
+            return Claim("claimed", trial.kernel_name, taken_over=previous != owner, previous=previous)
+
+    @staticmethod
+    def _launched(session: Session, gpu_id: int, problem: tuple) -> int:
+        """Trials of the problem that count against its budget: stored ones (not rejected) and
+        running claims, lapsed ones included: a dead worker's variant keeps its place in the
+        budget until a live worker takes it over and measures it."""
+        stored = session.scalar(select(func.count()).select_from(TrialRow).where(
+            *_problem_of(TrialRow, gpu_id, *problem), TrialRow.status != "rejected"))
+        running = session.scalar(select(func.count()).select_from(ClaimRow).where(
+            *_problem_of(ClaimRow, gpu_id, *problem), ClaimRow.state == "running"))
+        return stored + running
+
+    def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
+        """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
+        never left measured but claimed, nor done but unstored. The claim is marked done even if
+        its lease had lapsed and another worker took it over (the measurement is as good)."""
+        _check_choice("status", trial.status, TRIAL_STATUSES)
+        values = TrialRow.values_of(device, trial)
+        with self._write() as session:
+            gpu_id = self._locked_gpu_id(session, device)
+            values.update(gpu_id=gpu_id, created_at=_now())
+            trial_id = self._upsert(session, TrialRow, values, TRIAL_KEY)
+            if trial.status != "ok":
+                session.execute(delete(WinnerRow).where(WinnerRow.trial_id == trial_id))
+            row = session.scalars(_claims_of(gpu_id, trial.family, trial.dtype, trial.shape_key,
+                                             trial.cache_mode).where(ClaimRow.variant == variant)).one_or_none()
+            if row is not None:
+                row.state, row.kernel_name, row.updated_at = "done", trial.kernel_name, _now()
+            return session.get_one(TrialRow, trial_id).to_record()
+
+    def release_claims(self, owner: str) -> int:
+        """Give back every running claim of ``owner`` (an interrupted worker), so others need
+        not wait for the leases to lapse; returns how many."""
+        with self._write() as session:
+            statement = delete(ClaimRow).where(ClaimRow.owner == owner, ClaimRow.state == "running")
+            return session.execute(statement, execution_options=UNSYNCHRONIZED).rowcount
+
+    def renew_claims(self, owner: str, lease_s: float) -> int:
+        """The heartbeat: extend every running claim of ``owner`` to ``lease_s`` from now."""
+        with self._write() as session:
+            now = _db_epoch(session)
+            statement = (update(ClaimRow).where(ClaimRow.owner == owner, ClaimRow.state == "running")
+                         .values(expires_at=now + lease_s))
+            return session.execute(statement, execution_options=UNSYNCHRONIZED).rowcount
+
+    def claims(self, device: DeviceIdentity, family: str, dtype: str, shape_key: str,
+               cache_mode: str = "cold", *, running: bool = False) -> list[ClaimRecord]:
+        """Every claim of one problem (``running``: the running ones only), oldest first, with
+        the lease time left as read now."""
+
+        def read(session: Session, schema: _Schema) -> list[ClaimRecord]:
+            if not schema.has_table(ClaimRow):
+                return []
+            now = _db_epoch(session)
+            query = (select(ClaimRow).join(GpuRow, ClaimRow.gpu_id == GpuRow.id)
+                     .where(*_same_problem(ClaimRow, device, family, dtype, shape_key),
+                            ClaimRow.cache_mode == cache_mode)
+                     .order_by(ClaimRow.created_at, ClaimRow.id))
+            if running:
+                query = query.where(ClaimRow.state == "running")
+            return [ClaimRecord(row.family, row.dtype, row.shape_key, row.cache_mode, row.variant,
+                                row.kernel_name, json.loads(row.params), row.owner, row.state,
+                                row.expires_at - now, row.attempts)
+                    for row in session.scalars(query)]
+
+        return self._reading(read, [])
+
     # -- validations ------------------------------------------------------------------------------
 
     def record_validation(self, device: DeviceIdentity, v: ValidationRecord) -> ValidationRecord:
@@ -1068,6 +1185,15 @@ class TuningDB:
             raise DatabaseError(f"{display_url(self._url)}: {exc}", self._url) from exc
         return session.execute(statement).scalar_one()
 
+    def _locked_gpu_id(self, session: Session, device: DeviceIdentity) -> int:
+        """The GPU row's id, locked (see _lock_gpu); inserted first where missing. Claims are
+        frequent: the row is looked up before an upsert is built."""
+        gpu = _lock_gpu(session, device)
+        if gpu is None:
+            self._upsert_gpu(session, device)
+            gpu = _lock_gpu(session, device)
+        return gpu.id
+
     def _upsert_gpu(self, session: Session, device: DeviceIdentity) -> int:
         return self._upsert(session, GpuRow, GpuRow.values_of(device), GPU_KEY)
 
@@ -1093,6 +1219,23 @@ def _same_problem(model, device: DeviceIdentity, family: str, dtype: str, shape_
         model.dtype == dtype,
         model.shape_key == shape_key,
     )
+
+
+def _problem_of(model, gpu_id: int, family: str, dtype: str, shape_key: str, cache_mode: str):
+    return (model.gpu_id == gpu_id, model.family == family, model.dtype == dtype,
+            model.shape_key == shape_key, model.cache_mode == cache_mode)
+
+
+def _claims_of(gpu_id: int, family: str, dtype: str, shape_key: str, cache_mode: str):
+    return select(ClaimRow).where(*_problem_of(ClaimRow, gpu_id, family, dtype, shape_key, cache_mode))
+
+
+def _db_epoch(session: Session) -> float:
+    """Seconds since the epoch on the database's clock: leases written by workers on several
+    machines are compared on one clock."""
+    if session.get_bind().dialect.name == "postgresql":
+        return float(session.execute(text("SELECT extract(epoch from clock_timestamp())")).scalar_one())
+    return float(session.execute(text("SELECT (julianday('now') - 2440587.5) * 86400.0")).scalar_one())
 
 
 def _rows_of(model, device: DeviceIdentity, family: str, dtype: str, shape_key: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 from tuning_db import TuningDB
@@ -42,15 +43,19 @@ def record(db: TuningDB, device: DeviceIdentity, problem: Problem, path: Path) -
 class ReplayEvaluator:
     """Answers the calls the tuner makes of a GPU evaluator, from a recording."""
 
-    def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset()):
+    def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0):
         self.recording = recording
         self.crash_on = crash_on  # kernel names whose evaluation kills the "worker"
+        self.delay_s = delay_s  # per evaluation, so that concurrent tuners overlap as on a GPU
         self.restarts = 0
         self.evaluated: list[str] = []
+        self.retimed: list[list[str]] = []
 
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
         assert kernel_name.encode() in cubin, "the source handed over is not this variant's"
         self.evaluated.append(kernel_name)
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if kernel_name in self.crash_on:
             self.restarts += 1
             return Outcome(kernel_name, "failed", "GPU worker died in evaluate (exit code -9)")
@@ -70,6 +75,7 @@ class ReplayEvaluator:
         return (peer["name"], (peer["time_us"],) * 3) if peer and peer["time_us"] else None
 
     def retime(self, candidates, rounds: int, timeout_s: float | None = None) -> dict[str, tuple[float, ...]]:
+        self.retimed.append([name for name, _cubin, _params in candidates])
         return {name: tuple(self.recording["trials"][name]["samples_us"][:rounds])
                 for name, _cubin, _params in candidates}
 
@@ -81,18 +87,25 @@ class ReplayEvaluator:
 class ReplayBackend:
     """Drop-in for autogen.backend.GpuBackend: Tuner(..., backend_factory=ReplayBackend.factory(doc))."""
 
-    def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset()):
+    def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
+                 device_index: int | None = None):
         if recording.get("format") != RECORDING_FORMAT:
             raise ValueError(f"unsupported recording format {recording.get('format')!r}")
         self.device = DeviceIdentity(**recording["device"])
+        self.device_index = device_index  # the "GPU" it stands for (autogen.distributed)
         self.free_bytes = 80 * 2**30
-        self.evaluator = ReplayEvaluator(recording, crash_on)
+        self.evaluator = ReplayEvaluator(recording, crash_on, delay_s)
         self.compiled: list[str] = []
 
     @classmethod
-    def factory(cls, recording: dict, crash_on: frozenset[str] = frozenset()):
-        def make(_spec, _workers, _eval_timeout_s):
-            return cls(recording, crash_on)
+    def factory(cls, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
+                made: list | None = None):
+        """A backend_factory; every backend it makes is appended to ``made`` when given."""
+        def make(spec, _workers, _eval_timeout_s, **_shared):
+            backend = cls(recording, crash_on, delay_s, getattr(spec, "device_index", None))
+            if made is not None:
+                made.append(backend)
+            return backend
         make.identity = lambda: DeviceIdentity(**recording["device"])  # what the tuner asks first
         return make
 

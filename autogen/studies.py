@@ -1,0 +1,254 @@
+"""Optuna studies kept in the tuning database, shared by every worker that tunes the same problem.
+
+A study lives in Optuna's RDB storage on the same database URL as autogen's own tables (Optuna's
+tables are not prefixed ``autogen_``, so the two never collide), named after what makes its
+measurements comparable: family, dtype, shape, cache mode and GPU model. Every process tuning
+that problem on that GPU model, on this machine or another one, opens the same study, so each
+sampler sees every trial. What keeps a variant from being measured twice, and the trial budget
+global, is autogen's claim table (TuningDB.claim); the Heartbeat below keeps a worker's claims
+alive, and a worker that stops beating (killed, machine lost) loses them after the lease: the
+others take its variants over (autogen.search). Optuna's own trial heartbeat is not used: only
+finished trials are written to the shared study (see SharedStudy), so none is ever left RUNNING.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import optuna
+from sqlalchemy import event
+from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+from tuning_db import TuningDB
+
+from .problem import Problem
+
+log = logging.getLogger("autogen.studies")
+
+
+SQLITE_TIMEOUT_S = 30.0
+STORAGE_ATTEMPTS = 5  # workers starting together race to create Optuna's tables: retried
+
+
+@dataclass(frozen=True)
+class Lease:
+    """How long a worker's claims survive without a heartbeat; it beats six times per lease.
+    A killed worker's variant is taken over at most ``lease_s`` + one poll (``heartbeat_s`` / 2)
+    after its last beat."""
+
+    lease_s: float = 60.0
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.lease_s / 6
+
+
+def study_name(problem: Problem, cache_mode: str, device) -> str:
+    """One study per (family, dtype, shape, cache mode, GPU model): identical GPUs share it."""
+    return (f"autogen:{problem.family}:{problem.dtype}:{problem.shape_key}:{cache_mode}:"
+            f"{device.name}:cc{device.compute_capability}")
+
+
+def new_owner(label: str = "") -> str:
+    """A worker's identity in claims: host, process, GPU and a random tag (unique per loop)."""
+    host = socket.gethostname()[:48]
+    return f"{host}:{os.getpid()}:{label or 'gpu'}:{secrets.token_hex(4)}"[:128]
+
+
+_storages: dict[tuple, optuna.storages.BaseStorage] = {}
+_storages_lock = threading.Lock()
+
+
+def storage(url: str) -> optuna.storages.BaseStorage:
+    """Optuna's storage on ``url`` (one per process and URL); an in-memory SQLite URL, which no
+    other process can see, gets Optuna's in-memory storage."""
+    with _storages_lock:
+        if url not in _storages:
+            _storages[url] = _open_storage(url)
+        return _storages[url]
+
+
+def _open_storage(url: str) -> optuna.storages.BaseStorage:
+    parsed = make_url(url)
+    sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite and (parsed.database or "") in ("", ":memory:"):
+        return optuna.storages.InMemoryStorage()
+    engine_kwargs: dict = {"pool_pre_ping": True}
+    if sqlite:
+        # The driver must not begin transactions itself: SQLAlchemy's begin event below emits
+        # BEGIN IMMEDIATE, so processes queue for the write lock (busy timeout) instead of
+        # failing on a stale snapshot, as tuning_db's own engine does.
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S, "isolation_level": None}
+    last: Exception | None = None
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            break
+        except Exception as exc:  # two workers creating Optuna's tables at once: one loses
+            last = exc
+            threading.Event().wait(0.2 * (attempt + 1) + secrets.randbelow(100) / 1000)
+    else:
+        raise last  # type: ignore[misc]
+    if sqlite:
+        rdb.engine.dispose()  # connections made from now on get the settings below
+
+        @event.listens_for(rdb.engine, "connect")
+        def configure(dbapi_connection, _record) -> None:
+            dbapi_connection.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints
+
+        @event.listens_for(rdb.engine, "begin")
+        def begin(connection) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+    return rdb
+
+
+def open_study(db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, attrs: dict) -> optuna.Study:
+    """The shared study ``name`` (created if missing) with this worker's sampler; ``attrs`` are
+    stored as the study's user attributes (what optuna-dashboard shows beside its name)."""
+    shared = storage(db.url)
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            study = optuna.create_study(storage=shared, study_name=name, sampler=sampler,
+                                        direction="minimize", load_if_exists=True)
+            break
+        except (optuna.exceptions.DuplicatedStudyError, optuna.exceptions.StorageInternalError):
+            if attempt == STORAGE_ATTEMPTS - 1:
+                raise
+            threading.Event().wait(0.1 * (attempt + 1))
+    known = study.user_attrs
+    for key, value in attrs.items():
+        if known.get(key) != value:
+            study.set_user_attr(key, value)
+    return study
+
+
+class SharedStudy:
+    """A worker's view of a shared study: its sampler runs on a local in-memory mirror.
+
+    Optuna's RDB storage costs a transaction per suggested parameter (~40 ms per ask on SQLite
+    here), which would leave the GPU idle, and most asks are rejected (invalid for the shape) or
+    duplicates that other workers need not see. So the sampler asks and is told locally; each
+    variant this worker measures is added to the shared study as a finished trial, from a
+    background thread, off the GPU's critical path. ``refresh`` pulls into the mirror the other
+    workers' finished trials and, from autogen's claims, the variants they are measuring now
+    (RUNNING, which TPE's constant liar counts), so every sampler sees every trial."""
+
+    def __init__(self, db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, attrs: dict,
+                 dists: dict, owner: str, problem_key: tuple):
+        self.db, self.dists, self.owner = db, dists, owner
+        self.problem_key = problem_key  # (device, family, dtype, shape key, cache mode): its claims
+        self.shared = open_study(db, name, sampler=optuna.samplers.RandomSampler(), attrs=attrs)
+        self.local = optuna.create_study(direction="minimize", sampler=sampler)
+        self._mirrored: set[int] = set()  # shared trial ids in the mirror
+        self._running: dict[str, int] = {}  # others' claimed variants -> their RUNNING local trial
+        self._last_refresh = -math.inf
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-study")
+        self._writes: list[concurrent.futures.Future] = []
+
+    def refresh(self, min_interval_s: float = 0.0) -> None:
+        now = time.monotonic()
+        if now - self._last_refresh < min_interval_s:
+            return
+        self._last_refresh = now
+        storage_, study_id = self.local._storage, self.local._study_id
+        for trial in self.shared.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if trial._trial_id in self._mirrored or trial.user_attrs.get("worker") == self.owner:
+                continue
+            self._mirrored.add(trial._trial_id)
+            storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+                params=trial.params, distributions=trial.distributions, value=trial.value))
+        live = {c.variant: c for c in self.db.claims(*self.problem_key, running=True)
+                if c.owner != self.owner and c.expires_in_s > 0}
+        for variant, local in list(self._running.items()):
+            if variant not in live:  # measured (its finished trial arrives above) or abandoned
+                storage_.set_trial_state_values(local, TrialState.FAIL)
+                del self._running[variant]
+        for variant, claim in live.items():
+            if variant in self._running or set(claim.params) != set(self.dists):
+                continue
+            try:
+                template = optuna.trial.create_trial(state=TrialState.RUNNING, params=claim.params,
+                                                     distributions=self.dists)
+            except ValueError:  # params outside this space (another autogen version)
+                continue
+            self._running[variant] = storage_.create_new_trial(study_id, template_trial=template)
+
+    def record(self, params: dict, dists: dict, value: float, user_attrs: dict) -> None:
+        """Add a measured variant to the shared study (in the background, in order)."""
+        template = optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                             user_attrs={**user_attrs, "worker": self.owner})
+        self._writes.append(self._writer.submit(self.shared.add_trial, template))
+
+    def close(self) -> int:
+        """Wait for the background writes; returns how many failed (each is logged)."""
+        self._writer.shutdown(wait=True)
+        failed = 0
+        for future in self._writes:
+            if future.exception() is not None:
+                failed += 1
+                log.warning("a trial could not be added to the shared study: %s", future.exception())
+        return failed
+
+    def add_missing(self, measured: dict[str, tuple[dict, float]], attrs: dict) -> None:
+        """Add (in the background, after this worker's own writes) the measured variants the
+        shared study lacks: a killed worker's last trials, stored in autogen's tables but not yet
+        written to the study when it died."""
+        def add() -> None:
+            have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
+            for name, (params, value) in measured.items():
+                if name not in have:
+                    self.shared.add_trial(optuna.trial.create_trial(
+                        params=params, distributions=self.dists, value=value, user_attrs={"kernel": name, **attrs}))
+        self._writes.append(self._writer.submit(add))
+
+    def add_known(self, measured: dict[str, tuple[dict, float]], dists: dict) -> int:
+        """Tell the shared study the variants the database holds that it does not know yet
+        (measured before studies were shared, or by an older autogen); returns how many."""
+        have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
+        added = 0
+        for name, (params, value) in measured.items():
+            if name in have:
+                continue
+            self.shared.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                                            user_attrs={"kernel": name}))
+            added += 1
+        return added
+
+
+class Heartbeat:
+    """A thread that extends this worker's claims every ``lease.heartbeat_s`` seconds. A beat
+    that fails (the database away for a moment) is retried at the next one; the lease is
+    several beats long."""
+
+    def __init__(self, db: TuningDB, owner: str, lease: Lease):
+        self.db, self.owner, self.lease = db, owner, lease
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat {owner}", daemon=True)
+        self.beats = 0
+
+    def beat(self) -> None:
+        self.db.renew_claims(self.owner, self.lease.lease_s)
+        self.beats += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease.heartbeat_s):
+            try:
+                self.beat()
+            except Exception as exc:  # retried at the next beat
+                log.warning("heartbeat of %s failed: %s", self.owner, exc)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,243 @@
+"""Several tuners on one database: claims, the global budget, take-over of a killed worker, the
+shared Optuna study, and several GPUs of one process, on SQLite and on PostgreSQL.
+
+Tuner processes run tests/distributed_worker.py with the replay test aid (timings recorded on an
+H100) and an artificial delay per evaluation, so that they overlap as on GPUs. PostgreSQL runs
+where AUTOGEN_TEST_POSTGRES_URL names a server (.ci/run starts one); each test gets a database.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import optuna
+import pytest
+from tuning_db import TuningDB, upgrade
+
+from autogen import studies
+from autogen.distributed import MultiGpu, parse_gpus, resolve_gpus
+from autogen.errors import UsageError
+from autogen.family import get_family
+from autogen.testing.replay import ReplayBackend, load
+from autogen.tuner import TuneOptions
+
+HERE = Path(__file__).parent
+ASSET = HERE / "assets" / "replay_sgemv_8192x16.json"
+if not ASSET.exists():
+    pytest.skip(f"recording {ASSET.name} not present", allow_module_level=True)
+RECORDING = load(ASSET)
+DEVICE = ReplayBackend(RECORDING).device
+SGEMV = get_family("sgemv")
+PROBLEM = SGEMV.problem(m=8192, n=16)
+SERVER = os.environ.get("AUTOGEN_TEST_POSTGRES_URL")
+LEASE_S = 2.0  # short, so that a take-over happens within the test
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}"
+        return
+    if not SERVER:
+        pytest.skip("AUTOGEN_TEST_POSTGRES_URL is not set")
+    from sqlalchemy import create_engine, text
+
+    name = "autogen_dist_" + uuid.uuid4().hex[:12]
+    admin = create_engine(SERVER, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    yield SERVER.rsplit("/", 1)[0] + "/" + name
+    studies._storages.clear()  # Optuna's engines on the database about to be dropped
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def spawn(url: str, out: Path, trials: int, delay_s: float, seed: int) -> subprocess.Popen:
+    log = open(out.with_suffix(".log"), "w")
+    return subprocess.Popen([sys.executable, str(HERE / "distributed_worker.py"), url, str(trials), str(delay_s),
+                             str(LEASE_S), str(seed), str(out)], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+
+
+def wait_all(processes, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        process.wait(max(1, deadline - time.monotonic()))
+
+
+def consistent(url: str, trials: int) -> TuningDB:
+    """The database after the run: `trials` trials, every claim done and matching a stored trial,
+    one winner pointing at an ok trial, and the shared study holding each measured variant."""
+    db = TuningDB(url)
+    stored = db.trials(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+    assert len(stored) == trials == len({t.kernel_name for t in stored})
+    claims = db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+    assert all(c.state == "done" for c in claims), [c for c in claims if c.state != "done"]  # no orphan
+    assert sorted(c.kernel_name for c in claims) == sorted(t.kernel_name for t in stored)
+    winner = db.winner(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+    assert winner.trial.status == "ok" and winner.trial.kernel_name in {t.kernel_name for t in stored}
+    study = optuna.load_study(study_name=studies.study_name(PROBLEM, "cold", DEVICE), storage=url)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted(t.user_attrs["kernel"] for t in done) == sorted(t.kernel_name for t in stored)
+    return db
+
+
+def test_processes_share_the_budget_and_measure_each_variant_once(url, tmp_path):
+    trials, processes = 24, 3
+    upgrade(url)  # as `autogen db upgrade` would; the workers also race to create Optuna's tables
+    outs = [tmp_path / f"worker{i}.json" for i in range(processes)]
+    running = [spawn(url, out, trials, 0.1, seed=i) for i, out in enumerate(outs)]
+    wait_all(running)
+    assert [p.returncode for p in running] == [0] * processes, [o.with_suffix(".log").read_text()[-2000:]
+                                                                 for o in outs]
+    reports = [json.loads(out.read_text()) for out in outs]
+    evaluated = [name for r in reports for name in r["evaluated"]]
+    duplicates = [name for name, n in collections.Counter(evaluated).items() if n > 1]
+    assert duplicates == [] and len(evaluated) == trials  # budget honoured across the processes
+    assert sum(1 for r in reports if r["evaluated"]) >= 2  # they did overlap
+    consistent(url, trials)
+    print(f"\n[distributed {url.split(':')[0]}] processes {processes}, trials {trials}, evaluated "
+          f"{len(evaluated)} ({[len(r['evaluated']) for r in reports]}), duplicates {len(duplicates)}")
+
+
+def test_a_killed_worker_s_trial_is_taken_over(url, tmp_path):
+    trials, processes = 16, 3
+    upgrade(url)
+    outs = [tmp_path / f"worker{i}.json" for i in range(processes)]
+    running = [spawn(url, out, trials, 0.25, seed=i) for i, out in enumerate(outs)]
+    victim = running[0]
+    db = TuningDB(url)
+    tag = f":{victim.pid}:"
+    held = None
+    deadline = time.monotonic() + 60
+    while held is None and time.monotonic() < deadline:  # kill it mid-run, while it holds a claim
+        mine = [c for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key) if tag in c.owner]
+        if sum(c.state == "done" for c in mine) >= 2:
+            held = next((c for c in mine if c.state == "running"), None)
+        if held is None:
+            time.sleep(0.02)
+    assert held is not None, "the victim never claimed a variant"
+    os.kill(victim.pid, signal.SIGKILL)
+    killed_at = time.time()
+    wait_all(running)
+    assert victim.returncode == -signal.SIGKILL
+    assert [p.returncode for p in running[1:]] == [0] * (processes - 1)
+    db = consistent(url, trials)  # budget honoured, nothing left claimed
+    claim = next(c for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key) if c.variant == held.variant)
+    assert claim.attempts == 2 and tag not in claim.owner  # taken over by a survivor
+    survivors = [json.loads(out.read_text()) for out in outs[1:]]
+    assert sum(r["taken_over"] for r in survivors) == 1
+    evaluated = [name for r in survivors for name in r["evaluated"]]
+    by_victim = {c.kernel_name for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+                 if tag in c.owner}  # done by the victim before it died
+    assert len(evaluated) == len(set(evaluated)) and not by_victim & set(evaluated)
+    assert held.kernel_name in evaluated  # the killed worker's trial was measured, not lost
+    takeover_line = next(line for out in outs[1:] for line in out.with_suffix(".log").read_text().splitlines()
+                         if f"taking over {held.kernel_name}" in line)
+    takeover_s = float(takeover_line.split()[0]) - killed_at
+    assert takeover_s <= LEASE_S + 2.0
+    print(f"\n[distributed {url.split(':')[0]}] processes {processes}, trials {trials}, duplicates 0, "
+          f"killed holding {held.kernel_name}; taken over after {takeover_s:.2f} s (lease {LEASE_S} s); "
+          f"lost 0; the victim stored {len(by_victim)} before dying")
+
+
+def test_claims_decide_once_and_expire(url):
+    db = TuningDB(url)
+    config = SGEMV.default_config()
+    name = SGEMV.kernel_name("float32", config)
+    from tuning_db.records import TrialRecord
+
+    trial = TrialRecord("sgemv", "float32", PROBLEM.shape_key, name, config.as_dict(), "rejected")
+    assert db.claim(DEVICE, trial, "v1", "alice", 60, budget=2).status == "claimed"
+    assert db.claim(DEVICE, trial, "v1", "bob", 60, budget=2).status == "taken"
+    other = TrialRecord("sgemv", "float32", PROBLEM.shape_key, name + "_x", config.as_dict(), "rejected")
+    assert db.claim(DEVICE, other, "v2", "bob", 0.0, budget=2).status == "claimed"  # lapses at once
+    assert db.claim(DEVICE, other, "v3", "carol", 60, budget=2).status == "budget"  # lapsed claims count
+    got = db.claim(DEVICE, other, "v2", "carol", 60)
+    assert (got.status, got.taken_over, got.previous) == ("claimed", True, "bob")
+    assert db.renew_claims("carol", 60) == 1 and db.renew_claims("bob", 60) == 0
+    ok = TrialRecord("sgemv", "float32", PROBLEM.shape_key, name, config.as_dict(), "ok", time_us=2.0,
+                     samples_us=(2.0,), spread_us=0.0)
+    db.complete_claim(DEVICE, ok, "v1", "alice")
+    assert db.claim(DEVICE, trial, "v1", "bob", 60).status == "done"
+    assert db.release_claims("carol") == 1
+    assert [(c.variant, c.state) for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)] == [
+        ("v1", "done")]
+
+
+def _multi(url, problems, trials, gpus=(0, 1), delay_s=0.02):
+    made: list = []
+    options = TuneOptions(db_url=url, trials=trials, workers=1, lease_s=LEASE_S, gpus=gpus)
+    results = MultiGpu(problems, options, progress=lambda _line: None,
+                       backend_factory=ReplayBackend.factory(RECORDING, delay_s=delay_s, made=made)).run()
+    return results, made
+
+
+def test_gpus_of_one_process_split_the_problems_then_the_trials(db_url):
+    problems = [SGEMV.problem(m=8192 + 64 * i, n=16) for i in range(3)]
+    results, made = _multi(db_url, problems, trials=12)
+    db = TuningDB(db_url)
+    for problem, result in zip(problems, results):
+        stored = db.trials(DEVICE, "sgemv", "float32", problem.shape_key)
+        assert len(stored) == 12 == result.measured + result.failed and result.winner is not None
+    by_gpu = collections.Counter()
+    for backend in made:
+        by_gpu[backend.device_index] += len(backend.evaluator.evaluated)
+    assert set(by_gpu) == {0, 1} and sum(by_gpu.values()) == 36
+    assert sum(1 for b in made if b.evaluator.retimed) == 3  # finalists re-timed once per problem
+
+
+def test_one_problem_on_two_gpus_is_searched_by_both_and_retimed_on_one(db_url):
+    results, made = _multi(db_url, [PROBLEM], trials=30)
+    (result,) = results
+    assert sorted(result.gpus) == [0, 1] and result.measured + result.failed == 30
+    assert all(len(b.evaluator.evaluated) >= 5 for b in made)  # both GPUs measured
+    assert [b.device_index for b in made if b.evaluator.retimed] == [made[0].device_index]  # the owner
+    evaluated = [n for b in made for n in b.evaluator.evaluated]
+    assert len(evaluated) == len(set(evaluated)) == 30
+    consistent(db_url, 30)
+
+
+def test_optuna_reads_the_studies_autogen_writes(db_url):
+    _multi(db_url, [PROBLEM], trials=8, gpus=(0, 1))
+    summaries = optuna.get_all_study_summaries(storage=db_url)  # what optuna-dashboard lists
+    (summary,) = [s for s in summaries if s.study_name == studies.study_name(PROBLEM, "cold", DEVICE)]
+    assert summary.user_attrs["family"] == "sgemv" and summary.user_attrs["gpu"] == DEVICE.name
+    assert summary.user_attrs["shape"] == PROBLEM.shape_key and summary.n_trials == 8
+    study = optuna.load_study(study_name=summary.study_name, storage=db_url)
+    assert study.best_trial.user_attrs["kernel"].startswith("sgemv_f32_")
+    # autogen opens the database holding Optuna's tables, writing or only reading, and upgrades it
+    assert TuningDB(db_url, readonly=True).trials(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+    from tuning_db import migrations
+
+    assert upgrade(db_url) == migrations.head_revision()
+    assert TuningDB(db_url, upgrade=False).trials(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+
+
+def test_gpus_option():
+    assert parse_gpus("all") == "all" and parse_gpus("0,2") == (0, 2) and parse_gpus(None) is None
+    assert resolve_gpus("all", 2) == (0, 1)
+    for bad in ("", "0,,1", "1,1", "gpu0", "-1"):
+        with pytest.raises(UsageError):
+            parse_gpus(bad)
+    with pytest.raises(UsageError, match="numbered 0 to 1"):
+        resolve_gpus((0, 2), 2)
+
+
+def test_cli_refuses_bad_gpus_and_lease(capsys):
+    from autogen.cli import main
+
+    assert main(["tune", "sgemv", "--m", "64", "--n", "16", "--gpus", "0,0"]) == 2
+    assert main(["tune", "sgemv", "--m", "64", "--n", "16", "--lease", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus names a GPU twice" in err and "--lease must be at least 2" in err
