@@ -593,3 +593,30 @@ def random_uniform(xp, rng, shape, dtype) -> Any:
     if isinstance(dtype, str) and dtype in DTYPES:
         return to_storage(xp, values, dtype)
     return values.astype(dtype, copy=False)
+
+
+_WORKSPACES: dict[tuple, tuple] = {}
+
+
+def stream_workspace(cupy, device: int, like, owner: str, sizes: tuple[tuple[int, str], ...]) -> tuple:
+    """Scratch arrays of a dispatched call ((count, dtype) each, zeroed once), kept per device,
+    stream and owner, so that a call allocates nothing once warmed up (a CUDA graph can capture
+    it) and concurrent calls on different streams never share them. Inside torch.cuda.graph they
+    come from the graph's pool; inside CuPy's capture without a warm-up, a CaptureError says so."""
+    from .errors import CaptureError
+
+    stream = call_stream_ptr(cupy, like)
+    found = _WORKSPACES.get((device, stream, owner))
+    if found is not None and all(a.size >= count for a, (count, _) in zip(found, sizes)):
+        return found
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor) and torch.cuda.is_current_stream_capturing():
+        return tuple(cupy.asarray(torch.zeros(max(count, 1), dtype=getattr(torch, dtype), device=like.device))
+                     for count, dtype in sizes)
+    if stream_capturing(cupy, stream):
+        raise CaptureError(f"{owner} keeps its workspace per stream and has none for the capturing stream: "
+                           "warm up: call it once on that stream outside the graph, then capture")
+    arrays = tuple(cupy.zeros(max(count, 1), dtype=dtype) for count, dtype in sizes)
+    cupy.cuda.get_current_stream().synchronize()  # zeroed before any stream uses them (once)
+    _WORKSPACES[(device, stream, owner)] = arrays
+    return arrays

@@ -159,6 +159,15 @@ class BiasMaskScaleAdd(Family):
         return Peer(inner.name, run)
 
     # --- calls from Python ----------------------------------------------------------------
+    def example_call(self, problem: Problem, cupy):
+        rng = cupy.random.default_rng(0)
+        n, size, dtype = problem["n"], problem["bias_size"], problem.dtype
+        x = to_storage(cupy, rng.random(n, dtype=cupy.float32) - 0.5, dtype)
+        bias = to_storage(cupy, rng.random(size, dtype=cupy.float32) - 0.5, dtype)
+        addend = to_storage(cupy, rng.random(n, dtype=cupy.float32) - 0.5, dtype)
+        mask = (rng.random(n, dtype=cupy.float32) < 0.9).astype(cupy.uint8)
+        return (x, bias, mask, 1.25, addend), {"out": cupy.empty_like(x)}
+
     def bind(self, cupy, device: int, args: tuple, kwargs: dict):
         """autogen.bias_mask_scale_add(x, bias, mask, scale, addend, out=None) -> y, x's dtype
         and shape: (x + bias[i % bias.size]) * (mask[i] ? scale : 0) + addend[i] over the

@@ -30,7 +30,8 @@ import numpy as np
 from ..errors import ArgumentError, GpuUnavailableError, InvalidConfigError, UsageError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, Trait, device_array, dtype_name, new_output, register
+from ..family import (Family, Launch, Peer, Step, Trait, device_array, dtype_name, new_output, register,
+                      stream_workspace)
 from .histogram import MAX_THREADS_PER_SM, sm_count
 
 ORDERED_MODES = ("lookback", "two_pass")
@@ -254,8 +255,10 @@ class CopyIf(Family):
         ordered=False; values has x's length and dtype (int32 or float32), the entries past
         count are unspecified; count is a 1-element int32 device array (read it when you need
         it: the call does not wait for the GPU). selectivity (a class p01/p50/p99 or a fraction
-        such as 0.3; default p50) is a hint that picks the tuned kernel; any kernel is exact."""
-        x, threshold, ordered, selectivity = _copy_if_arguments(*args, **kwargs)
+        such as 0.3; default p50) is a hint that picks the tuned kernel; any kernel is exact.
+        values= and count= take the outputs (then nothing is allocated: the call can be captured
+        in a CUDA graph once warmed up)."""
+        x, threshold, ordered, selectivity, values, count = _copy_if_arguments(*args, **kwargs)
         xv = device_array(cupy, x, "x", self.dtypes, 1, device)
         dtype = dtype_name(xv)
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)):
@@ -264,17 +267,27 @@ class CopyIf(Family):
             raise ArgumentError(f"int32 x needs an integer threshold, got {threshold!r}")
         problem = self._problem_of(dtype, xv.shape[0], "p50" if selectivity is None else str(selectivity),
                                    "ordered" if ordered else "unordered")
-        values = new_output(cupy, x, (xv.shape[0],), dtype)
-        count = new_output(cupy, x, (1,), "int32")
+        values = new_output(cupy, x, (xv.shape[0],), dtype) if values is None else values
+        count = new_output(cupy, x, (1,), "int32") if count is None else count
+        valuesv = device_array(cupy, values, "values", (dtype,), 1, device)
+        if valuesv.shape[0] != xv.shape[0]:
+            raise ArgumentError(f"values has {valuesv.shape[0]} elements, but x has {xv.shape[0]}")
+        countv = device_array(cupy, count, "count", ("int32",), 1, device)
+        if countv.shape[0] != 1:
+            raise ArgumentError(f"count must hold one int32, got {countv.shape[0]}")
         status_words, block_words = self.workspace_sizes(problem)
-        inputs = {"x": xv, "threshold": _clamped(threshold, dtype),
-                  "values": device_array(cupy, values, "values", (dtype,), 1, device),
-                  "count": device_array(cupy, count, "count", ("int32",), 1, device),
-                  # Per call: concurrent calls on different streams must not share them.
-                  "status": cupy.empty(status_words, dtype=cupy.uint64),
-                  "ticket": cupy.empty(1, dtype=cupy.uint32),
-                  "block_counts": cupy.empty(block_words, dtype=cupy.uint32)}
+        # Per device and stream (the plan's _init step resets them each launch): no allocation.
+        status, ticket, block_counts = stream_workspace(
+            cupy, device, x, "copy_if", ((status_words, "uint64"), (1, "uint32"), (block_words, "uint32")))
+        inputs = {"x": xv, "threshold": _clamped(threshold, dtype), "values": valuesv, "count": countv,
+                  "status": status, "ticket": ticket, "block_counts": block_counts}
         return problem, inputs, (values, count)
+
+    def example_call(self, problem: Problem, cupy):
+        n = problem["n"]
+        x = cupy.random.default_rng(0).integers(-1000, 1000, n, dtype=cupy.int32).astype(problem.dtype)
+        return (x, 0), {"ordered": problem["order"] == "ordered", "selectivity": problem["selectivity"],
+                        "values": cupy.empty(n, dtype=problem.dtype), "count": cupy.empty(1, dtype=cupy.int32)}
 
     @functools.lru_cache(maxsize=1024)
     def _problem_of(self, dtype: str, n: int, selectivity: str, order: str) -> Problem:
@@ -286,8 +299,8 @@ class CopyIf(Family):
             raise ArgumentError(str(exc)) from None
 
 
-def _copy_if_arguments(x, threshold, ordered=True, selectivity=None):
-    return x, threshold, ordered, selectivity
+def _copy_if_arguments(x, threshold, ordered=True, selectivity=None, values=None, count=None):
+    return x, threshold, ordered, selectivity, values, count
 
 
 def _clamped(threshold, dtype: str):

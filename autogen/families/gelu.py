@@ -133,6 +133,11 @@ class Gelu(Family):
                                  {"x": problem.dtype, "y": problem.dtype}, lambda t: gelu_into(t["x"], t["y"]))
 
     # --- calls from Python ----------------------------------------------------------------
+    def example_call(self, problem: Problem, cupy):
+        values = cupy.random.default_rng(0).random(problem["n"], dtype=cupy.float32) * 8 - 4
+        x = to_storage(cupy, values, problem.dtype)
+        return (x,), {"approximate": problem["approximate"], "out": cupy.empty_like(x)}
+
     def bind(self, cupy, device: int, args: tuple, kwargs: dict):
         """autogen.gelu(x, approximate="tanh", out=None) -> gelu(x) (x's dtype and shape; any
         contiguous CUDA array of fp32, fp16 or bf16). approximate: "tanh" or "none" (erf)."""

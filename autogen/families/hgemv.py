@@ -105,6 +105,7 @@ class Hgemv(Family):
     dims = ("m", "n", "batch")
     dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
     export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
+    example_dims = {"m": 1000, "n": 1000, "batch": 4}  # the shape tests/test_gpu_capture.py calls
     dtypes = ("float16", "bfloat16")
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
@@ -247,6 +248,14 @@ class Hgemv(Family):
                                  lambda t: product_into(t["A"], t["x"], t["y"]))
 
     # --- calls from Python (the dispatcher) -------------------------------------------------
+    def example_call(self, problem: Problem, cupy):
+        rng = cupy.random.default_rng(0)
+        m, n, b = problem["m"], problem["n"], problem["batch"]
+        tail = (b,) if b > 1 else ()
+        A = to_storage(cupy, rng.random((m, n), dtype=cupy.float32) - 0.5, problem.dtype)
+        x = to_storage(cupy, rng.random((n,) + tail, dtype=cupy.float32) - 0.5, problem.dtype)
+        return (A, x), {"y": cupy.empty((m,) + tail, dtype=DTYPES[problem.dtype].storage)}
+
     def bind(self, cupy, device: int, args: tuple, kwargs: dict):
         """autogen.hgemv(A, x, alpha=1.0, beta=0.0, y=None) -> y. A (m, n) float16 or bfloat16,
         C-contiguous; x (n,) or (n, batch) of the same dtype; y (m,) or (m, batch), allocated in

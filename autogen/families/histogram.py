@@ -215,6 +215,11 @@ class Histogram(Family):
         problem = self._problem_of(xv.shape[0], int(bins), distribution)
         return problem, {"x": xv, "counts": counts}, out
 
+    def example_call(self, problem: Problem, cupy):
+        bins = problem["bins"]
+        x = cupy.random.default_rng(0).integers(0, bins, problem["n"], dtype=cupy.int32)
+        return (x, bins), {"out": cupy.empty(bins, dtype=cupy.int32), "distribution": problem["distribution"]}
+
     @functools.lru_cache(maxsize=1024)
     def _problem_of(self, n: int, bins: int, distribution: str) -> Problem:
         if n < 1:

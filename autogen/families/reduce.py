@@ -20,7 +20,7 @@ from ..errors import ArgumentError, CaptureError, GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
 from ..family import (Family, Launch, Peer, Step, call_stream_ptr, device_array, dtype_name, kernel_scalar,
-                      new_output, register, stream_capturing)
+                      new_output, register, stream_workspace)
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 _F32 = np.dtype(np.float32)
@@ -202,7 +202,8 @@ class Reduce(Family):
             outv = device_array(cupy, out, "out", ("float32",), getattr(out, "ndim", 1), device).reshape(-1)
             if outv.size != 1:
                 raise ArgumentError(f"out must hold one float32 element, got shape {tuple(out.shape)}")
-        partials, counter = _workspace(cupy, device, x, self.workspace_blocks(problem))
+        partials, counter = stream_workspace(cupy, device, x, "reduce_sum",
+                                             ((self.workspace_blocks(problem), "float32"), (1, "uint32")))
         return problem, {"x": xv, "out": outv, "partials": partials, "counter": counter}, result
 
     def example_call(self, problem: Problem, cupy):
@@ -238,30 +239,6 @@ def _reduce_arguments(x, out=None):
 # every last_block launch leaves at 0. Launches on one stream run in order, so they can share it;
 # calls on other streams get their own. Kept for the process: a CUDA graph captured with it
 # refers to it for as long as the graph lives.
-_WORKSPACES: dict[tuple[int, int], tuple] = {}
-
-
-def _workspace(cupy, device: int, like, blocks: int):
-    stream = call_stream_ptr(cupy, like)
-    found = _WORKSPACES.get((device, stream))
-    if found is not None and found[0].size >= blocks:
-        return found
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(like, torch.Tensor) and torch.cuda.is_current_stream_capturing():
-        # Inside torch.cuda.graph: from the graph's private pool, zeroed inside the graph.
-        partials = torch.empty(blocks, dtype=torch.float32, device=like.device)
-        counter = torch.zeros(1, dtype=torch.int32, device=like.device)
-        return cupy.asarray(partials), cupy.asarray(counter).view(cupy.uint32)
-    if stream_capturing(cupy, stream):
-        raise CaptureError("reduce_sum keeps its workspace per stream and has none for the capturing stream: "
-                           "warm up: call it once on that stream outside the graph, then capture")
-    partials = cupy.empty(max(blocks, 1), dtype=cupy.float32)
-    counter = cupy.zeros(1, dtype=cupy.uint32)
-    cupy.cuda.get_current_stream().synchronize()  # zeroed before any stream uses it (once)
-    _WORKSPACES[(device, stream)] = (partials, counter)
-    return partials, counter
-
-
 def _heavy_edges(xp, values, dtype: str):
     """Scale the first and last HEAVY_EDGE elements (into [0.5, 1) x scale) so they hold about
     half of the sum."""

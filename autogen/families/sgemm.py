@@ -279,6 +279,13 @@ class Sgemm(Family):
         return Peer("cuBLAS sgemm (TF32 off)", run)
 
     # --- calls from Python ----------------------------------------------------------------
+    def example_call(self, problem: Problem, cupy):
+        rng = cupy.random.default_rng(0)
+        m, n, k = problem["m"], problem["n"], problem["k"]
+        A = rng.random((m, k), dtype=cupy.float32) - 0.5
+        B = rng.random((k, n), dtype=cupy.float32) - 0.5
+        return (A, B), {"C": cupy.empty((m, n), dtype=cupy.float32)}
+
     def bind(self, cupy, device: int, args: tuple, kwargs: dict):
         """autogen.sgemm(A, B, alpha=1.0, beta=0.0, C=None) -> C"""
         A, B, alpha, beta, C = _sgemm_arguments(*args, **kwargs)
