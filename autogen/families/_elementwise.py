@@ -30,10 +30,11 @@ FALLBACK_THREADS_PER_SM = 2048
 # float32: the kernels compute in fp32 (accurate erff, __expf with one division for the tanh
 # form): ~1e-7. float16: rounding the output alone gives ~2e-4 (2^-11 relative at most per
 # element); fp16x2 arithmetic with tanh.approx.f16x2 ~3e-4 (simulated): 1e-3 leaves 3x. bfloat16:
-# rounding the output gives ~1.3e-3 to 1.8e-3 (2^-8 at most per element), bf16x2 arithmetic
-# ~1.9e-3 (the scale rounded to bf16 included): 5e-3 leaves 2.5x. A wrong bias index, mask or
-# tail is an error of order 1.
-TOLERANCES = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 5e-3}
+# rounding the output gives ~1.3e-3 to 1.8e-3 over many elements (2^-8 at most per element), bf16x2
+# arithmetic ~1.9e-3 (the scale rounded to bf16 included); but on one element (n = 1) the several
+# bf16 roundings of the packed path reached 5.6e-3 on the H200, so 1e-2 (the bound METHOD.md gives
+# for bf16 operands). A wrong bias index, mask or tail is an error of order 1.
+TOLERANCES = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
 DTYPES = ("float32", "float16", "bfloat16")
 
 HALF_TYPES = ("float16", "bfloat16")
