@@ -312,11 +312,11 @@ def test_selftest_hook_inputs_reference_and_error(harness, dtype):
             assert np.abs(x).max() > 100 and (x < -10).any()
         else:
             assert (np.abs(x) <= 4).all()
-        # The reference rounded to the dtype passes; 1% off fails; one NaN fails.
+        # The reference rounded to the dtype passes; 3% off fails (above the 1e-2 of bf16); one NaN fails.
         rounded = ref.astype(np.float32)
         error, why = judge(harness, dtype, case, 40 + case, rounded)
         assert why == "" and error <= tolerance, (case, error)
-        error, why = judge(harness, dtype, case, 40 + case, rounded * 1.01)
+        error, why = judge(harness, dtype, case, 40 + case, rounded * 1.03)
         assert why == "" and error > tolerance, (case, error)
         bad = rounded.copy()
         bad[7] = np.nan
