@@ -140,13 +140,27 @@ def graph_plan(n_sets: int, estimate_us: float | None = None) -> tuple[int, int]
 
 
 def build_timer(cupy, enqueue: Callable[[int], None], n_sets: int) -> GraphTimer:
-    """One graph, captured once (capturing and instantiating thousands of launches per variant
-    cost more than timing them): its first replay estimates the time per launch, which sets how
-    many replays make a sample of about TARGET_REPLAY_US."""
+    """One graph per variant where possible (capturing and instantiating thousands of launches
+    cost more than timing them): a first graph of one pass over the input sets estimates the time
+    per launch. A kernel so long that MIN_GRAPH_LAUNCHES of it exceed a sample (a large GEMM:
+    milliseconds each) is timed on that graph, the launch gaps being negligible next to it;
+    a shorter one gets a graph of MIN_GRAPH_LAUNCHES launches. Then enough back-to-back replays
+    make a sample of about TARGET_REPLAY_US."""
     launches, _ = graph_plan(n_sets)
-    timer = GraphTimer(cupy, enqueue, n_sets, launches)
-    _, timer.repeats = graph_plan(n_sets, timer.replay_us())
+    timer = GraphTimer(cupy, enqueue, n_sets, n_sets if n_sets < launches else launches)
+    estimate = timer.replay_us()
+    if timer.launches < launches and estimate * launches < TARGET_REPLAY_US:
+        timer = GraphTimer(cupy, enqueue, n_sets, launches)
+        estimate = timer.replay_us()
+    timer.repeats = replays_per_sample(timer.launches, estimate)
     return timer
+
+
+def replays_per_sample(launches: int, estimate_us: float) -> int:
+    """Back-to-back replays of a graph of `launches` that make a sample of about TARGET_REPLAY_US
+    (at most MAX_LAUNCHES launches; at least one replay)."""
+    wanted = max(launches, min(MAX_LAUNCHES, math.ceil(TARGET_REPLAY_US / max(estimate_us, 0.5))))
+    return max(1, round(wanted / launches))
 
 
 def time_enqueue(cupy, enqueue: Callable[[int], None], n_sets: int, replays: int = REPLAYS,

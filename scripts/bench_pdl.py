@@ -68,7 +68,7 @@ def chain_graph(cupy, family_name, m, n, mode, A, xs, ys, y0, producer, stream):
             for i in range(PAIRS):
                 args = (previous, xs[i], np.int32(n), np.int32(m), np.int32(1 if pdl_kernels else 0))
                 if mode == "on":
-                    launch_ex(producer.ptr, grid, (block,), args, 0, stream.ptr, pdl=True)
+                    launch_ex(producer.kernel.ptr, grid, (block,), args, 0, stream.ptr, pdl=True)
                 else:
                     producer(grid, (block,), args, stream=stream)
                 kernel.launch({"A": A[i], "x": xs[i], "y": ys[i], "alpha": 1.0, "beta": 0.0}, stream)

@@ -99,7 +99,7 @@ def import_time() -> dict:
     for _ in range(3):
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import autogen.commands, autogen.tuner, cupy"], check=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
         samples.append(time.perf_counter() - started)
     optuna = []
     for _ in range(3):

@@ -140,3 +140,27 @@ def test_list_marks_stale_winners(db_url, capsys, monkeypatch):
     assert "template changed; autogen 0.0.9 -> 0.1.0" in capsys.readouterr().out
     assert old.trial.kernel_name
     pretuned.pretuned_db.cache_clear()
+
+
+def test_a_long_kernel_is_timed_on_one_pass_over_its_sets(monkeypatch):
+    """A 3 ms GEMM in a graph of MIN_GRAPH_LAUNCHES launches took 0.4 s a sample on the H200:
+    a kernel that long is timed on the first graph (one pass over the sets), short ones as before."""
+    built = []
+
+    class FakeTimer:
+        def __init__(self, _cupy, _enqueue, _n_sets, launches):
+            self.launches, self.repeats = launches, 1
+            built.append(launches)
+
+        def replay_us(self):
+            return per_launch_us
+
+    monkeypatch.setattr(measure, "GraphTimer", FakeTimer)
+    per_launch_us = 3000.0
+    timer = measure.build_timer(None, lambda i: None, 2)
+    assert built == [2] and timer.launches == 2 and timer.repeats == 1
+    built.clear()
+    per_launch_us = 2.0
+    timer = measure.build_timer(None, lambda i: None, 2)
+    assert built == [2, measure.MIN_GRAPH_LAUNCHES] and timer.launches == measure.MIN_GRAPH_LAUNCHES
+    assert timer.repeats == round(1000 / measure.MIN_GRAPH_LAUNCHES)  # ~TARGET_REPLAY_US per sample
