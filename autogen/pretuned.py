@@ -28,17 +28,21 @@ def catalog_files() -> list[Path]:
     return sorted(CATALOG_DIR.glob("pretuned_*.json"))
 
 
-def dump_catalog(db: TuningDB, gpu_name: str, path: Path) -> int:
-    """Write every winner stored for `gpu_name` to a catalog file; returns the entry count."""
+def dump_catalog(db, gpu_name: str, path: Path) -> int:
+    """Write every winner stored for `gpu_name` in `db` (one database, or several: a list) to a
+    catalog file; returns the entry count. The bench scripts of several families each fill a
+    database on the GPU; one catalog per GPU gathers them."""
     entries = []
-    for winner in db.winners(gpu_name=gpu_name):
-        trial = dataclasses.asdict(winner.trial)
-        trial["samples_us"] = list(trial["samples_us"])
-        entries.append({"device": dataclasses.asdict(winner.device), "trial": trial,
-                        "peer_name": winner.peer_name, "peer_time_us": winner.peer_time_us,
-                        "margin": winner.margin, "autogen_version": winner.autogen_version,
-                        "updated_at": winner.updated_at})
-    entries.sort(key=lambda e: (e["trial"]["family"], e["trial"]["dtype"], e["trial"]["shape_key"]))
+    for source in (db if isinstance(db, (list, tuple)) else [db]):
+        for winner in source.winners(gpu_name=gpu_name):
+            trial = dataclasses.asdict(winner.trial)
+            trial["samples_us"] = list(trial["samples_us"])
+            entries.append({"device": dataclasses.asdict(winner.device), "trial": trial,
+                            "peer_name": winner.peer_name, "peer_time_us": winner.peer_time_us,
+                            "margin": winner.margin, "autogen_version": winner.autogen_version,
+                            "updated_at": winner.updated_at})
+    entries.sort(key=lambda e: (e["trial"]["family"], e["trial"]["dtype"], e["trial"]["shape_key"],
+                                e["trial"]["cache_mode"]))
     write_atomically(path, json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True) + "\n")
     return len(entries)
 
