@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import AutogenError, UsageError
+from .errors import AutogenError
 from .options import dim_flag, int_list, strict_int
 
 FAMILY_COMMANDS = ("tune", "bench", "show")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import math
 import sys
 import threading
 from dataclasses import dataclass

@@ -66,3 +66,26 @@ def free_device_memory() -> int:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# Where no GPU is visible (CPU tests, planning off-device): the H100 SXM's 132 SMs x 2048
+# resident threads. Grids sized from these are correct anywhere (kernels stride or bound-check);
+# on a GPU the current device's own figures are used.
+FALLBACK_SM_COUNT = 132
+FALLBACK_THREADS_PER_SM = 2048
+
+
+@functools.lru_cache(maxsize=1)
+def resident_capacity() -> tuple[int, int]:
+    """(SM count, resident threads per SM) of the current device (one device per process, as in
+    the GPU worker); the fallback figures where no GPU is visible."""
+    try:
+        runtime = require_cupy().cuda.runtime
+    except GpuUnavailableError:
+        return FALLBACK_SM_COUNT, FALLBACK_THREADS_PER_SM
+    props = runtime.getDeviceProperties(runtime.getDevice())
+    return int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
+
+
+def sm_count() -> int:
+    return resident_capacity()[0]

@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from tuning_db import TuningDB, one_per_problem
+from tuning_db import one_per_problem
 from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 
 from .paths import write_atomically

@@ -136,7 +136,9 @@ def test_a_killed_worker_s_trial_is_taken_over(url, tmp_path):
     claim = next(c for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key) if c.variant == held.variant)
     assert claim.attempts == 2 and tag not in claim.owner  # taken over by a survivor
     survivors = [json.loads(out.read_text()) for out in outs[1:]]
-    assert sum(r["taken_over"] for r in survivors) == 1
+    # The victim may hold several claims when killed (it compiles ahead): each is taken over once.
+    taken = [c for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key) if c.attempts == 2]
+    assert sum(r["taken_over"] for r in survivors) == len(taken) >= 1
     evaluated = [name for r in survivors for name in r["evaluated"]]
     by_victim = {c.kernel_name for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
                  if tag in c.owner}  # done by the victim before it died

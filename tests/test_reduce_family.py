@@ -9,7 +9,8 @@ from conftest import nvrtc_usable
 from autogen.compile import compile_cubin
 from autogen.errors import GpuUnavailableError, UsageError
 from autogen.family import get_family
-from autogen.families.reduce import HEAVY_EDGE, resident_capacity
+from autogen.families.reduce import HEAVY_EDGE
+from autogen.gpu import resident_capacity
 from autogen.peers import ReplayArena
 from autogen.render import render
 

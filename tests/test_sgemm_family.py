@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from autogen.errors import UsageError
-from autogen.families.sgemm import SPACE, geometry, sm_count
+from autogen.families.sgemm import SPACE, geometry
+from autogen.gpu import sm_count
 from autogen.family import get_family
 from autogen.render import render
 

@@ -17,14 +17,9 @@ import math
 
 import numpy as np
 
-from ..errors import GpuUnavailableError
 from ..problem import Config, Problem
+from ..gpu import resident_capacity
 from ..space import Param, Space
-
-# Resident-thread capacity where no GPU is visible (CPU tests, planning off-device): the H100
-# SXM's 132 SMs x 2048 threads. Any grid is correct; on a GPU the device's own figures are used.
-FALLBACK_SM_COUNT = 132
-FALLBACK_THREADS_PER_SM = 2048
 
 # Relative L2 error allowed per dtype (against the float64 result of the inputs as stored).
 # float32: the kernels compute in fp32 (accurate erff, __expf with one division for the tanh
@@ -71,18 +66,6 @@ def make_space(max_ept: int) -> Space:
 
 DEFAULT_PARAMS = {"vector_width": 8, "elements_per_thread": 8, "block_size": 256, "loop": "grid_stride",
                   "math": "float"}
-
-
-@functools.lru_cache(maxsize=1)
-def resident_capacity() -> tuple[int, int]:
-    """(SM count, resident threads per SM) of the current device; the H100 figures off-GPU."""
-    try:
-        from ..gpu import require_cupy
-        runtime = require_cupy().cuda.runtime
-    except GpuUnavailableError:
-        return FALLBACK_SM_COUNT, FALLBACK_THREADS_PER_SM
-    props = runtime.getDeviceProperties(runtime.getDevice())
-    return int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
 
 
 def grid_blocks(n: int, config: Config) -> int:

@@ -32,7 +32,8 @@ from ..problem import Config, Problem
 from ..space import Param, Space
 from ..family import (Family, Launch, Peer, Step, Trait, device_array, dtype_name, new_output, register,
                       stream_workspace)
-from .histogram import MAX_THREADS_PER_SM, sm_count
+from ..gpu import sm_count
+from .histogram import MAX_THREADS_PER_SM
 
 ORDERED_MODES = ("lookback", "two_pass")
 UNORDERED_MODES = ("block", "warp", "thread")

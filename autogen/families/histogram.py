@@ -23,10 +23,8 @@ from ..errors import ArgumentError, GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
 from ..family import Family, Launch, Peer, Step, Trait, device_array, new_output, register
+from ..gpu import sm_count
 
-# Resident capacity where no GPU is visible (CPU tests): the H100 SXM's 132 SMs. On a GPU the
-# current device's figures are used.
-FALLBACK_SM_COUNT = 132
 MAX_THREADS_PER_SM = 2048
 SHARED_LIMIT_BYTES = 48 * 1024  # dynamic shared memory a launch gets without cudaFuncSetAttribute
 INIT_BLOCK = 256
@@ -40,17 +38,6 @@ SKEW_FRACTION = 0.9
 
 DISTRIBUTION = Trait("distribution", ("uniform", "skewed"),
                      help=f"uniform over [0, bins), or skewed: {SKEW_FRACTION:.0%} of the values in {HOT_BINS} bins")
-
-
-@functools.lru_cache(maxsize=1)
-def sm_count() -> int:
-    """SMs of the current device (one device per process, as in the GPU worker); 132 off-GPU."""
-    try:
-        from ..gpu import require_cupy
-        runtime = require_cupy().cuda.runtime
-    except GpuUnavailableError:
-        return FALLBACK_SM_COUNT
-    return int(runtime.getDeviceProperties(runtime.getDevice())["multiProcessorCount"])
 
 
 def _copies_only_in_shared(p) -> str | None:

@@ -11,26 +11,19 @@ signature of `c_params`.
 
 from __future__ import annotations
 
-import functools
-import sys
 
 import numpy as np
 
-from ..errors import ArgumentError, CaptureError, GpuUnavailableError
+from ..errors import ArgumentError, GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..family import (Family, Launch, Peer, Step, call_stream_ptr, device_array, dtype_name, kernel_scalar,
+from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar,
                       new_output, register, stream_workspace)
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 _F32 = np.dtype(np.float32)
+from ..gpu import resident_capacity
 from ..peers import ReplayArena
-
-# Resident-thread capacity used where no GPU is visible (CPU tests, planning off-device): the
-# H100 SXM's 132 SMs x 2048 threads. Any grid is correct (threads stride over the vector); on a
-# GPU the real figures of the current device are used.
-FALLBACK_SM_COUNT = 132
-FALLBACK_THREADS_PER_SM = 2048
 
 # The tails case puts half of the sum in the first and last HEAVY_EDGE elements (where misaligned
 # vector starts and partial tiles are handled), so one dropped or doubled element there moves the
@@ -64,19 +57,6 @@ SPACE = Space(
     ),
     constraints=(_loads_fit_registers,),
 )
-
-
-@functools.lru_cache(maxsize=1)
-def resident_capacity() -> tuple[int, int]:
-    """(SM count, resident threads per SM) of the current device (one per process, as in the
-    GPU worker); the H100 fallback figures where no GPU is visible."""
-    try:
-        from ..gpu import require_cupy
-        runtime = require_cupy().cuda.runtime
-    except GpuUnavailableError:
-        return FALLBACK_SM_COUNT, FALLBACK_THREADS_PER_SM
-    props = runtime.getDeviceProperties(runtime.getDevice())
-    return int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
 
 
 @register

@@ -17,13 +17,12 @@ import functools
 
 import numpy as np
 
-from ..errors import ArgumentError, GpuUnavailableError, UsageError
+from ..errors import ArgumentError, UsageError
 from ..problem import Config, Problem
 from ..space import Param, Space
 from ..family import Family, Launch, Peer, Step, device_array, new_output, random_uniform, register
+from ..gpu import sm_count
 
-# Where no GPU is visible (CPU tests, planning off-device): the H100 SXM's 132 SMs.
-FALLBACK_SM_COUNT = 132
 # Blocks of the split-K init kernel (256 threads, grid-stride); the template has the same figure.
 INIT_THREADS = 256
 INIT_MAX_BLOCKS = 4096
@@ -130,17 +129,6 @@ SPACE = Space(
     ),
     constraints=(_warp_tiles_fit, _resources_fit, _split_stores_scalar, _sync_depth),
 )
-
-
-@functools.lru_cache(maxsize=1)
-def sm_count() -> int:
-    """SMs of the current device (one per process, as in the GPU worker); 132 without a GPU."""
-    try:
-        from ..gpu import require_cupy
-        runtime = require_cupy().cuda.runtime
-    except GpuUnavailableError:
-        return FALLBACK_SM_COUNT
-    return int(runtime.getDeviceProperties(runtime.getDevice())["multiProcessorCount"])
 
 
 def _ceil(a: int, b: int) -> int:
