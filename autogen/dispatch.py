@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from tuning_db import DatabaseError, TuningDB, one_per_problem
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
-from tuning_db.repository import display_url
+from tuning_db.engine import display_url
 
 from .errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
 from .family import call_stream, get_family

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tuning_db import TuningDB
-from tuning_db.repository import display_url
+from tuning_db.engine import display_url
 from tuning_db.records import DeviceIdentity, WinnerRecord, one_per_problem
 
 from . import __version__

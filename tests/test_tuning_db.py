@@ -34,7 +34,8 @@ from tuning_db import (
 )
 from tuning_db import migrations
 from tuning_db.models import Base, TrialRow
-from tuning_db.repository import TRIAL_KEY, transaction, upsert_statement
+from tuning_db.engine import transaction, upsert_statement
+from tuning_db.repository import TRIAL_KEY
 
 ASSET_0001 = Path(__file__).parent / "assets" / "tuning_db_rev0001.sql"
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "9.0", 132, 52428800, 13000, 13000, "13.0")

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import importlib
 
-_RECORDS = ("Claim", "ClaimRecord", "DeviceIdentity", "InvalidRow", "TrialRecord", "ValidationRecord", "WinnerRecord", "one_per_problem")
-_REPOSITORY = ("CorruptDatabaseError", "DatabaseError", "InvalidRowError", "TuningDB", "current_revision",
-               "default_url", "upgrade")
+_RECORDS = ("Claim", "ClaimRecord", "DeviceIdentity", "InvalidRow", "TrialRecord", "ValidationRecord", "WinnerRecord",
+            "one_per_problem")
+_ENGINE = ("CorruptDatabaseError", "DatabaseError", "InvalidRowError", "current_revision", "default_url", "upgrade")
+_REPOSITORY = ("TuningDB",)
 
-__all__ = sorted(_RECORDS + _REPOSITORY)
+__all__ = sorted(_RECORDS + _ENGINE + _REPOSITORY)
 
 
 def __getattr__(name: str):
     if name in _RECORDS:
         module = importlib.import_module("tuning_db.records")
+    elif name in _ENGINE:
+        module = importlib.import_module("tuning_db.engine")
     elif name in _REPOSITORY:
         module = importlib.import_module("tuning_db.repository")
     else:

@@ -12,32 +12,59 @@ reported as an InvalidRow by the ``*_checked`` methods, never raised from the mi
 
 ``TuningDB(url, readonly=True)`` only reads: it never creates a file or folder, migrates,
 switches the journal mode or creates tables, and it reads older schemas where it can.
+
+Beside it: tuning_db.engine (URLs, engines, the transaction helper, opening and migrating) and
+tuning_db.rows (what the schema at hand holds, rows checked into records).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
-import sqlite3
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, delete, event, func, inspect, literal, null, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool, StaticPool
-from sqlalchemy.sql import Insert
 
 from tuning_db import migrations
+from tuning_db.engine import (
+    as_url,
+    BEGIN_OPTION,
+    _create_engine,
+    DatabaseError,
+    display_url,
+    InvalidRowError,
+    _migrate,
+    _prepare,
+    _readonly_engine,
+    _require_head,
+    _require_head_readonly,
+    _sqlite_file,
+    transaction,
+    UPGRADE_HINT,
+    upsert_statement,
+)
+from tuning_db.rows import (
+    CACHE_MODES,
+    _EMPTY,
+    _HEAD,
+    _invalid_trial,
+    _invalid_winner,
+    _Malformed,
+    _read_schema,
+    _Schema,
+    _sorted_checked,
+    _trial_columns,
+    _trial_record,
+    TRIAL_STATUSES,
+    _winner_columns,
+    _winner_mode,
+    _winner_record,
+)
 from tuning_db.models import Base, ClaimRow, GpuRow, TrialRow, ValidationRow, WinnerRow
 from tuning_db.records import (
     Claim,
@@ -51,599 +78,13 @@ from tuning_db.records import (
 
 T = TypeVar("T")
 
-TRIAL_STATUSES = ("ok", "failed", "rejected")
-CACHE_MODES = ("cold", "hot")
+
 GPU_KEY = ("name", "compute_capability")
 TRIAL_KEY = ("gpu_id", "family", "dtype", "shape_key", "kernel_name", "cache_mode")
 WINNER_KEY = ("gpu_id", "family", "dtype", "shape_key", "cache_mode")
 VALIDATION_KEY = ("gpu_id", "family", "dtype", "shape_key", "source_hash")
-# "m=16384,n=16": name=size pairs. Families check their own dimension names, order and ranges.
-SHAPE_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=(?:[0-9]+|[A-Za-z_][A-Za-z0-9_]*)(?:,[A-Za-z_][A-Za-z0-9_]*=(?:[0-9]+|[A-Za-z_][A-Za-z0-9_]*))*")
 
-SQLITE_BUSY_TIMEOUT_MS = 30000
-SQLITE_PRAGMAS = (
-    f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
-    "PRAGMA synchronous=NORMAL",
-    "PRAGMA foreign_keys=ON",
-)
-BEGIN_OPTION = "autogen_sqlite_begin"  # execution option: "DEFERRED" (default) or "IMMEDIATE"
-_DIALECT_INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
 UNSYNCHRONIZED = {"synchronize_session": False}  # bulk deletes: the session holds no rows to update
-UPGRADE_HINT = "run `autogen db upgrade`"
-
-
-class DatabaseError(Exception):
-    """A tuning database operation failed; the message names the database."""
-
-    def __init__(self, message: str, url: str = ""):
-        super().__init__(message)
-        self.url = url
-
-
-class CorruptDatabaseError(DatabaseError):
-    """The database is not a readable autogen tuning database; it was left untouched."""
-
-
-class InvalidRowError(DatabaseError):
-    """The one row asked for is malformed (``row`` says which and why)."""
-
-    def __init__(self, message: str, url: str, row: InvalidRow):
-        super().__init__(message, url)
-        self.row = row
-
-
-# -- locations ------------------------------------------------------------------------------------
-
-
-def default_url() -> str:
-    """$AUTOGEN_DB if set, else a SQLite file in the user's cache directory."""
-    configured = os.environ.get("AUTOGEN_DB")
-    if configured:
-        return as_url(configured)
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return as_url(Path(cache) / "autogen" / "tuning.db")
-
-
-def as_url(target: str | os.PathLike | None) -> str:
-    """A SQLAlchemy URL for ``target``: a URL as given, a bare file path as a SQLite URL."""
-    if target is None:
-        return default_url()
-    target = os.fspath(target)
-    if "://" in target:
-        return target
-    return "sqlite:///" + str(Path(target).expanduser().resolve())
-
-
-def display_url(url: str) -> str:
-    """The URL for messages, with any password masked."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except sa_exc.ArgumentError:
-        return url
-
-
-def _sqlite_file(url: str) -> Path | None:
-    """The file behind a SQLite URL; None for other dialects and in-memory databases."""
-    parsed = make_url(url)
-    database = parsed.database or ""
-    if parsed.get_backend_name() != "sqlite" or database in ("", ":memory:"):
-        return None
-    if database.startswith("file:"):  # a URI filename (uri=true): left to SQLite
-        return None
-    return Path(database)
-
-
-# -- engines and the transaction helper -----------------------------------------------------------
-
-
-def _plain_engine(url: str, **options: Any) -> Engine:
-    with _errors_named(url):
-        try:
-            parsed = make_url(url)
-            if parsed.get_backend_name() == "sqlite" and (parsed.database or "") in ("", ":memory:"):
-                # One in-memory database per engine, shared by every thread (the default pool
-                # would give each thread a database of its own).
-                options.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
-            return create_engine(url, **options)
-        except ImportError as exc:
-            raise DatabaseError(f"{display_url(url)}: no database driver: {exc}", url) from exc
-
-
-def _create_engine(url: str) -> Engine:
-    engine = _plain_engine(url)
-    if engine.dialect.name == "sqlite":
-        _configure_sqlite(engine)
-    return engine
-
-
-def _configure_sqlite(engine: Engine) -> None:
-    @event.listens_for(engine, "connect")
-    def set_pragmas(dbapi_connection, _record) -> None:
-        # SQLAlchemy, not the driver, emits BEGIN (below): the driver would neither begin before
-        # DDL (so migrations would not be atomic) nor begin IMMEDIATE.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        try:
-            for pragma in SQLITE_PRAGMAS:
-                cursor.execute(pragma)
-            _use_wal(cursor)
-        finally:
-            cursor.close()
-
-    _begin_explicitly(engine)
-
-
-def _begin_explicitly(engine: Engine) -> None:
-    @event.listens_for(engine, "begin")
-    def begin(connection: Connection) -> None:
-        mode = connection.get_execution_options().get(BEGIN_OPTION, "DEFERRED")
-        connection.exec_driver_sql(f"BEGIN {mode}")
-
-
-def _use_wal(cursor: sqlite3.Cursor) -> None:
-    """Switch the database to WAL (a no-op once it is). Processes opening a new database together
-    race for the switch, and SQLite reports the loser's SQLITE_BUSY at once, without waiting
-    busy_timeout; so the loser retries here for as long."""
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
-def _readonly_engine(url: str) -> Engine | None:
-    """An engine that cannot write; None for a SQLite file that does not exist (yet).
-
-    SQLite files are opened by migrations.connect_sqlite_readonly (mode=ro, no -wal/-shm created)
-    after the file was checked to be autogen's; PostgreSQL sessions are READ ONLY transactions.
-    No pragma that writes (journal_mode) is ever sent.
-    """
-    path = _sqlite_file(_checked(url))
-    if path is not None:
-        if not path.exists():
-            return None
-        _check_file(path, url, adopt=False)
-        engine = create_engine(
-            "sqlite://", creator=lambda: migrations.connect_sqlite_readonly(path),
-            poolclass=NullPool,
-        )
-    elif make_url(url).get_backend_name() == "postgresql":
-        return _plain_engine(url, execution_options={"postgresql_readonly": True})
-    else:
-        engine = _plain_engine(url)  # SQLite in memory or a URI filename: as the URL says
-    if engine.dialect.name == "sqlite":
-
-        @event.listens_for(engine, "connect")
-        def configure(dbapi_connection, _record) -> None:
-            dbapi_connection.isolation_level = None
-            dbapi_connection.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-
-        _begin_explicitly(engine)
-    return engine
-
-
-@contextmanager
-def _errors_named(url: str) -> Iterator[None]:
-    """Re-raise SQLAlchemy errors as DatabaseError naming the database."""
-    try:
-        yield
-    except sa_exc.SQLAlchemyError as exc:
-        raise _translate(exc, url) from exc
-
-
-def _translate(exc: sa_exc.SQLAlchemyError, url: str) -> DatabaseError:
-    cause = getattr(exc, "orig", None) or exc
-    where = display_url(url)
-    # Python's sqlite3 names the result code, e.g. SQLITE_NOTADB or SQLITE_CORRUPT_INDEX.
-    if getattr(cause, "sqlite_errorname", "").startswith(migrations.SQLITE_CORRUPTION):
-        return CorruptDatabaseError(f"{where} is corrupt: {cause}", url)
-    return DatabaseError(f"{where}: {type(cause).__name__}: {cause}", url)
-
-
-@contextmanager
-def transaction(bind: Engine | Connection, url: str) -> Iterator[Session]:
-    """A session in one transaction: committed on success, rolled back on any error, and
-    SQLAlchemy errors re-raised as DatabaseError naming ``url``."""
-    with _errors_named(url), Session(bind) as session, session.begin():
-        yield session
-
-
-# -- opening and migrating ------------------------------------------------------------------------
-
-
-def _prepare(url: str, adopt: bool = False) -> None:
-    """Create a SQLite file's folder and refuse a file that is not ours, before connecting."""
-    path = _sqlite_file(_checked(url))
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DatabaseError(f"cannot create the folder of {path}: {exc.strerror}", url) from exc
-    _check_file(path, url, adopt)
-
-
-def _check_file(path: Path, url: str, adopt: bool) -> None:
-    try:
-        with _errors_named(url):
-            migrations.check_sqlite_file(path, adopt)
-    except migrations.ForeignDatabaseError as exc:
-        raise _not_ours(str(path), exc, url) from exc
-
-
-def _checked(url: str) -> str:
-    with _errors_named(url):
-        make_url(url)
-    return url
-
-
-def _not_ours(where: str, problem: Exception, url: str) -> CorruptDatabaseError:
-    return CorruptDatabaseError(
-        f"{where} is not an autogen tuning database: {problem}; it was left untouched", url
-    )
-
-
-def _migrate(engine: Engine, url: str, adopt: bool = False) -> str:
-    """Bring the schema to head in one transaction that holds the write lock; returns the head."""
-    with _errors_named(url), engine.connect() as connection:
-        on_sqlite = engine.dialect.name == "sqlite"
-        driver = connection.connection.driver_connection if on_sqlite else None
-        if driver is not None:
-            # Batch migrations rebuild tables that others reference, which SQLite refuses with
-            # foreign keys on. The pragma is ignored inside a transaction, hence the driver
-            # connection; upgrade_database checks the keys before committing instead.
-            driver.execute("PRAGMA foreign_keys=OFF")
-        try:
-            locked = connection.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            with transaction(locked, url) as session:
-                return migrations.upgrade_database(session.connection(), adopt)
-        except migrations.ForeignDatabaseError as exc:
-            raise _not_ours(display_url(url), exc, url) from exc
-        except migrations.NewerSchemaError as exc:
-            raise DatabaseError(f"{display_url(url)}: {exc}", url) from exc
-        finally:
-            if driver is not None:
-                driver.execute("PRAGMA foreign_keys=ON")
-
-
-def _require_head(engine: Engine, url: str, create: bool) -> None:
-    with transaction(engine, url) as session:
-        revision = migrations.stamped_revision(session.connection())
-    if revision is None and create:
-        _migrate(engine, url)  # refuses anything that is not a new or an autogen database
-        return
-    head = migrations.head_revision()
-    if revision != head:
-        raise DatabaseError(
-            f"{display_url(url)} is at schema revision {revision or '(none)'}, not {head}: "
-            f"{UPGRADE_HINT} (or open it with upgrade=True)",
-            url,
-        )
-
-
-def _require_head_readonly(url: str, create: bool) -> None:
-    revision = current_revision(url)
-    head = migrations.head_revision()
-    if revision != head and not (revision is None and create):
-        raise DatabaseError(
-            f"{display_url(url)} is at schema revision {revision or '(none)'}, not {head}: "
-            f"{UPGRADE_HINT} (or open it with upgrade=True)",
-            url,
-        )
-
-
-def upgrade(url: str | os.PathLike | None = None) -> str:
-    """Migrate the database at ``url`` (default: default_url()) to head; returns the head.
-
-    This explicit step (`autogen db upgrade`) is the one that also adds autogen's tables to a
-    database holding other applications' tables; every implicit open refuses such a database.
-    """
-    url = as_url(url)
-    _prepare(url, adopt=True)
-    engine = _create_engine(url)
-    try:
-        return _migrate(engine, url, adopt=True)
-    finally:
-        engine.dispose()
-
-
-def current_revision(url: str | os.PathLike | None) -> str | None:
-    """The schema revision stored at ``url``; None for a database autogen never migrated.
-    Only reads: a missing file is not created, nothing is written."""
-    url = as_url(url)
-    engine = _readonly_engine(url)
-    if engine is None:
-        return None  # reading must not create the file
-    try:
-        with transaction(engine, url) as session:
-            return migrations.stamped_revision(session.connection())
-    finally:
-        engine.dispose()
-
-
-def upsert_statement(
-    dialect_name: str, model: type[Base], values: Mapping[str, Any], key: tuple[str, ...]
-) -> Insert:
-    """INSERT ... ON CONFLICT (key) DO UPDATE of every other column, returning the row id."""
-    dialect_insert = _DIALECT_INSERTS.get(dialect_name)
-    if dialect_insert is None:
-        raise NotImplementedError(
-            f"tuning_db writes through ON CONFLICT upserts, which it implements for sqlite and "
-            f"postgresql, not {dialect_name}"
-        )
-    statement = dialect_insert(model).values(dict(values))
-    changed = {name: statement.excluded[name] for name in values if name not in key}
-    upsert = statement.on_conflict_do_update(index_elements=list(key), set_=changed)
-    return upsert.returning(model.id)
-
-
-# -- what the schema at hand holds ----------------------------------------------------------------
-
-# Columns that older schemas lack and readers can do without: (table, column) -> stand-in.
-# autogen_winners.cache_mode (revision 0003) is its trial's, which _winner_columns supplies.
-_STAND_INS: dict[tuple[str, str], Callable[[], Any]] = {
-    (TrialRow.__tablename__, "cache_mode"): lambda: literal("cold"),  # revision 0002
-    (TrialRow.__tablename__, "spread_us"): null,  # revision 0002
-    (WinnerRow.__tablename__, "cache_mode"): lambda: None,  # revision 0003
-}
-_OPTIONAL_TABLES = frozenset({ValidationRow.__tablename__,  # revision 0002
-                              ClaimRow.__tablename__})  # revision 0004_trial_claims
-
-
-@dataclass(frozen=True)
-class _Schema:
-    """The autogen tables and columns a database holds; ``tables`` None means the head schema."""
-
-    tables: frozenset[str] | None
-    columns: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    revision: str | None = None
-
-    def has_table(self, model: type[Base]) -> bool:
-        return self.tables is None or model.__tablename__ in self.tables
-
-    def has_column(self, model: type[Base], name: str) -> bool:
-        return self.tables is None or name in self.columns.get(model.__tablename__, ())
-
-    def column(self, model: type[Base], name: str):
-        """The column, or what stands in for it where this (older) schema lacks it."""
-        if self.has_column(model, name):
-            return getattr(model, name)
-        return _STAND_INS[(model.__tablename__, name)]()
-
-
-_HEAD = _Schema(None)
-_EMPTY = _Schema(frozenset())
-
-
-def _read_schema(connection: Connection, url: str) -> _Schema:
-    """What a database opened read-only holds. A new (empty) database reads as empty; another
-    application's, or one autogen cannot read, is refused with what to do."""
-    try:
-        migrations.check_ownership(connection)
-    except migrations.ForeignDatabaseError as exc:
-        raise _not_ours(display_url(url), exc, url) from exc
-    inspector = inspect(connection)
-    ours = frozenset(name for name in inspector.get_table_names() if name.startswith("autogen_"))
-    if not ours:
-        return _EMPTY
-    revision = migrations.stamped_revision(connection)
-    where = display_url(url)
-    if revision not in migrations.known_revisions():
-        raise DatabaseError(
-            f"{where}: its schema revision {revision} is unknown to this autogen (whose newest "
-            f"is {migrations.head_revision()}): a newer autogen wrote it",
-            url,
-        )
-    columns = {name: frozenset(c["name"] for c in inspector.get_columns(name)) for name in ours}
-    lacking = []
-    for table in Base.metadata.sorted_tables:
-        if table.name not in ours:
-            if table.name not in _OPTIONAL_TABLES:
-                lacking.append(f"table {table.name}")
-            continue
-        lacking += [
-            f"column {table.name}.{c.name}" for c in table.columns
-            if c.name not in columns[table.name] and (table.name, c.name) not in _STAND_INS
-        ]
-    if lacking:
-        raise DatabaseError(
-            f"{where} is at schema revision {revision} and lacks {', '.join(lacking)}, so this "
-            f"autogen cannot read it as it is: {UPGRADE_HINT} --db {where}",
-            url,
-        )
-    return _Schema(ours, columns, revision)
-
-
-# -- rows to records, checking every value --------------------------------------------------------
-
-
-class _Malformed(Exception):
-    """A stored value that cannot go into a record; the message says which and why."""
-
-
-def _labeled(schema: _Schema, model: type[Base], prefix: str, **stand_ins) -> list:
-    columns = []
-    for column in model.__table__.columns:
-        if column.name in stand_ins and not schema.has_column(model, column.name):
-            expression = stand_ins[column.name]
-        else:
-            expression = schema.column(model, column.name)
-        columns.append(expression.label(prefix + column.name))
-    return columns
-
-
-def _winner_mode(schema: _Schema):
-    """A winner's cache mode: its own column, or (before revision 0003) its trial's."""
-    if schema.has_column(WinnerRow, "cache_mode"):
-        return WinnerRow.cache_mode
-    return schema.column(TrialRow, "cache_mode")
-
-
-def _trial_columns(schema: _Schema) -> list:
-    return _labeled(schema, TrialRow, "t_")
-
-
-def _winner_columns(schema: _Schema) -> list:
-    return (
-        _labeled(schema, WinnerRow, "w_", cache_mode=_winner_mode(schema))
-        + _labeled(schema, GpuRow, "g_")
-        + _trial_columns(schema)
-    )
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-               type(None): "null"}
-
-
-def _text(mapping: Mapping, key: str, what: str) -> str:
-    value = mapping[key]
-    if not isinstance(value, str):
-        raise _Malformed(f"{what}={_short(value)} is not text")
-    return value
-
-
-def _integer(mapping: Mapping, key: str, what: str) -> int:
-    value = mapping[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _Malformed(f"{what}={_short(value)} is not an integer")
-    return value
-
-
-def _number(value: object, what: str, *, positive: bool = False, optional: bool = True) -> float | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _Malformed(f"{what}={_short(value)} is not " + ("a positive time" if positive else "a number"))
-    if positive and value <= 0:
-        raise _Malformed(f"{what}={_short(value)} is not a positive time")
-    return float(value)
-
-
-def _json(mapping: Mapping, key: str, what: str) -> Any:
-    text = mapping[key]
-    if not isinstance(text, str):
-        raise _Malformed(f"{what} are not JSON text but {_short(text)}")
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise _Malformed(f"{what} are not JSON: {_short(text)}") from None
-
-
-def _shape_key(mapping: Mapping, key: str) -> str:
-    value = mapping[key]
-    if not isinstance(value, str) or not SHAPE_KEY_PATTERN.fullmatch(value):
-        raise _Malformed(f"bad shape key {_short(value)}: expected name=size pairs separated by commas")
-    return value
-
-
-def _choice(mapping: Mapping, key: str, what: str, allowed: tuple[str, ...]) -> str:
-    value = mapping[key]
-    if value not in allowed:
-        raise _Malformed(f"{what}={_short(value)} is not one of {', '.join(allowed)}")
-    return value
-
-
-def _trial_record(m: Mapping, p: str = "t_") -> TrialRecord:
-    """The trial in the ``p``-prefixed columns of ``m``; _Malformed naming the first bad value."""
-    params = _json(m, p + "params", "params")
-    if not isinstance(params, dict):
-        raise _Malformed(f"params are not a mapping but a JSON {_JSON_TYPES.get(type(params), 'value')}")
-    status = _choice(m, p + "status", "status", TRIAL_STATUSES)
-    ok = status == "ok"
-    samples = _json(m, p + "samples_us", "samples_us")
-    if not isinstance(samples, list):
-        raise _Malformed(f"samples_us are not a JSON array but {_short(samples)}")
-    return TrialRecord(
-        family=_text(m, p + "family", "family"),
-        dtype=_text(m, p + "dtype", "dtype"),
-        shape_key=_shape_key(m, p + "shape_key"),
-        kernel_name=_text(m, p + "kernel_name", "kernel_name"),
-        params=params,
-        status=status,
-        reason=_text(m, p + "reason", "reason"),
-        time_us=_number(m[p + "time_us"], "time_us", positive=ok, optional=not ok),
-        samples_us=tuple(_number(s, "a sample in samples_us", optional=False) for s in samples),
-        spread_us=_number(m[p + "spread_us"], "spread_us"),
-        error=_number(m[p + "error"], "error"),
-        source_hash=_text(m, p + "source_hash", "source_hash"),
-        compile_options=_text(m, p + "compile_options", "compile_options"),
-        cache_mode=_choice(m, p + "cache_mode", "cache_mode", CACHE_MODES),
-        created_at=_text(m, p + "created_at", "created_at"),
-    )
-
-
-def _device_record(m: Mapping) -> DeviceIdentity:
-    """The GPU row (g_) with the software stack of the trial (t_) it is read with."""
-    return DeviceIdentity(
-        name=_text(m, "g_name", "GPU name"),
-        compute_capability=_text(m, "g_compute_capability", "compute_capability"),
-        sm_count=_integer(m, "g_sm_count", "sm_count"),
-        l2_bytes=_integer(m, "g_l2_bytes", "l2_bytes"),
-        driver_version=_integer(m, "t_driver_version", "driver_version"),
-        runtime_version=_integer(m, "t_runtime_version", "runtime_version"),
-        nvrtc_version=_text(m, "t_nvrtc_version", "nvrtc_version"),
-    )
-
-
-def _winner_record(m: Mapping) -> WinnerRecord:
-    if m["g_id"] is None:
-        raise _Malformed(f"its GPU (autogen_gpus row {m['w_gpu_id']!r}) is missing")
-    if m["t_id"] is None:
-        raise _Malformed(f"its trial (autogen_trials row {m['w_trial_id']!r}) is missing")
-    try:
-        trial = _trial_record(m)
-        device = _device_record(m)
-    except _Malformed as exc:
-        raise _Malformed(f"its trial (autogen_trials row {m['t_id']!r}): {exc}") from None
-    if trial.status != "ok":
-        raise _Malformed(f"its trial (autogen_trials row {m['t_id']!r}) has status "
-                         f"{trial.status!r}; only an ok trial can win")
-    stored_as = (m["w_gpu_id"], m["w_family"], m["w_dtype"], m["w_shape_key"], m["w_cache_mode"])
-    trial_is = (m["t_gpu_id"], trial.family, trial.dtype, trial.shape_key, trial.cache_mode)
-    if stored_as != trial_is:
-        raise _Malformed(f"it is stored as the winner of {_short(stored_as[1:])} but its trial "
-                         f"(autogen_trials row {m['t_id']!r}) is of {_short(trial_is[1:])}")
-    return WinnerRecord(
-        device=device,
-        trial=trial,
-        peer_name=_text(m, "w_peer_name", "peer_name"),
-        peer_time_us=_number(m["w_peer_time_us"], "peer_time_us", positive=True),
-        margin=_number(m["w_margin"], "margin"),
-        autogen_version=_text(m, "w_autogen_version", "autogen_version"),
-        updated_at=_text(m, "w_updated_at", "updated_at"),
-    )
-
-
-def _invalid_winner(m: Mapping, reason: str) -> InvalidRow:
-    return InvalidRow(WinnerRow.__tablename__, m["w_id"], reason, gpu=m["g_name"],
-                      family=m["w_family"], dtype=m["w_dtype"], shape_key=m["w_shape_key"],
-                      cache_mode=m["w_cache_mode"])
-
-
-def _invalid_trial(m: Mapping, reason: str) -> InvalidRow:
-    return InvalidRow(TrialRow.__tablename__, m["t_id"], reason, gpu=m.get("g_name"),
-                      family=m["t_family"], dtype=m["t_dtype"], shape_key=m["t_shape_key"],
-                      cache_mode=m["t_cache_mode"])
-
-
-def _sorted_checked(rows, build, invalid) -> tuple[list, list[InvalidRow]]:
-    records, bad = [], []
-    for row in rows:
-        mapping = row._mapping
-        try:
-            records.append(build(mapping))
-        except _Malformed as exc:
-            bad.append(invalid(mapping, str(exc)))
-    return records, bad
 
 
 # -- the repository -------------------------------------------------------------------------------
@@ -1272,3 +713,4 @@ def _describe(device: DeviceIdentity, trial: TrialRecord) -> str:
         f"trial {trial.kernel_name} of {trial.family}/{trial.dtype}/{trial.shape_key} "
         f"({trial.cache_mode} cache) on {device.name} (cc {device.compute_capability})"
     )
+
