@@ -23,22 +23,38 @@ export PYTHONUNBUFFERED=1
 export AUTOGEN_CACHE_DIR=${AUTOGEN_CACHE_DIR:-/tmp/autogen-kernel-cache}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$out/gpu.txt" 2>&1
-# Stages (default: all): tests, pretuned (tune the shipped grid), bench (sgemv vs cuBLAS),
-# dispatch (dispatcher overhead and regret), families (reduce/softmax benchmarks), quality
-# (search strategies against exhaustive search).
+# Stages (default: tests pretuned bench dispatch families): tests (every GPU test), pretuned (tune
+# the shipped sgemv grid), bench (sgemv vs cuBLAS), dispatch (host cost per family, regret),
+# families (reduce/softmax), quality (search strategies against exhaustive search), and the
+# benchmarks of the families and features added since: sgemm, hgemv, elementwise,
+# histogram_copy_if, speed (tuning wall time with phases), pdl (programmatic dependent launch),
+# multi_gpu (needs two GPUs). Each bench stage stores its winners in $GRID_DB or its own database
+# under OUT_DIR; scripts/catalog_from.py turns them into the shipped catalog of the GPU.
 stages=${STAGES:-tests pretuned bench dispatch families}
 grid_db=${GRID_DB:-sqlite:///$out/pretuned.db}
 status=0
 # Each stage gets its own deadline, so one slow stage cannot starve the others.
 limit=${STAGE_TIMEOUT:-300}
+run_stage() {  # name, then the command; its output goes to OUT_DIR/<name>.log
+  local name=$1
+  shift
+  timeout $limit "$@" 2>&1 | tee "$out/$name.log" || status=1
+}
 for stage in $stages; do
   case $stage in
-    tests) timeout $limit python3 -m pytest -m gpu -q -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1 ;;
-    pretuned) timeout $limit python3 scripts/make_pretuned.py --out "$out" --db "$grid_db" 2>&1 | tail -n 3 | tee "$out/pretuned.log" || status=1 ;;
-    bench) timeout $limit python3 scripts/bench_sgemv.py --out "$out" --db "$grid_db" 2>&1 | tee "$out/bench.log" || status=1 ;;
-    dispatch) timeout $limit python3 scripts/bench_dispatch.py --db "$grid_db" --out "$out" ${DISPATCH_ARGS:-} 2>&1 | tee "$out/dispatch.log" || status=1 ;;
-    families) timeout $limit python3 scripts/bench_reduce_softmax.py --out "$out" 2>&1 | tee "$out/families.log" || status=1 ;;
-    quality) timeout $limit python3 scripts/search_quality.py --out "$out" --grid-db "$grid_db" 2>&1 | tee "$out/quality.log" || status=1 ;;
+    tests) run_stage gpu_tests python3 -m pytest -m gpu -q -p no:cacheprovider "$@" tests ;;
+    pretuned) run_stage pretuned python3 scripts/make_pretuned.py --out "$out" --db "$grid_db" ;;
+    bench) run_stage bench python3 scripts/bench_sgemv.py --out "$out" --db "$grid_db" ;;
+    dispatch) run_stage dispatch python3 scripts/bench_dispatch.py --db "$grid_db" --out "$out" ${DISPATCH_ARGS:-} ;;
+    families) run_stage families python3 scripts/bench_reduce_softmax.py --out "$out" ;;
+    quality) run_stage quality python3 scripts/search_quality.py --out "$out" --grid-db "$grid_db" ;;
+    sgemm) run_stage sgemm python3 scripts/bench_sgemm.py --out "$out/sgemm" --db "sqlite:///$out/sgemm.db" ;;
+    hgemv) run_stage hgemv python3 scripts/bench_hgemv.py --out "$out/hgemv" --db "sqlite:///$out/hgemv.db" ;;
+    elementwise) run_stage elementwise python3 scripts/bench_elementwise.py --out "$out/elementwise" --db "sqlite:///$out/elementwise.db" ;;
+    histogram_copy_if) run_stage histogram_copy_if python3 scripts/bench_histogram_copy_if.py --out "$out/hc" --db "sqlite:///$out/hc.db" ;;
+    speed) run_stage speed python3 scripts/bench_tune_speed.py --out "$out/speed" ;;
+    pdl) run_stage pdl python3 scripts/bench_pdl.py --out "$out/pdl" ;;
+    multi_gpu) run_stage multi_gpu python3 scripts/bench_multi_gpu.py --out "$out/multi_gpu" ;;
     *) echo "unknown stage $stage" >&2; status=1 ;;
   esac
 done
