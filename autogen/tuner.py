@@ -159,9 +159,7 @@ class Tuner:
         finally:
             with self._lock:
                 self._gpus.append(device_index)
-                for name in ("measured", "failed", "rejected", "reused", "taken_over"):
-                    setattr(self.counts, name, getattr(self.counts, name) + getattr(counts, name))
-                self.counts.evaluated += counts.evaluated
+                self.counts.add(counts)
 
     def end(self, backend, result: TuneResult, started: float) -> TuneResult:
         """Once every search loop of this process is over: re-time the finalists on ``backend``'s
@@ -185,10 +183,12 @@ class Tuner:
         result.wall_s = time.monotonic() - started
         result.phases_s = {"imports": round(self.imported - started, 2), "startup": round(self.ready - started, 2),
                            "search": round(searched - self.ready, 2), "finish": round(time.monotonic() - searched, 2)}
+        # Where the search loop's thread spent its time (summed over the loops of this process).
+        result.phases_s.update({f"search_{k}": round(v, 3) for k, v in sorted(counts.spent_s.items())})
         # Where the GPU worker's time went (seconds waited per request kind, start-up parts).
         result.phases_s.update({f"gpu_{k}": v for k, v in getattr(backend.evaluator, "waited_s", {}).items()})
         self.progress("wall time " + ", ".join(f"{k} {v:.1f} s" for k, v in result.phases_s.items()
-                                               if not k.startswith("gpu_")))
+                                               if not k.startswith(("gpu_", "search_"))))
         self.result = result
         return result
 
