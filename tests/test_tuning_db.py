@@ -10,6 +10,8 @@ import multiprocessing
 import os
 import random
 import sqlite3
+import subprocess
+import sys
 import traceback
 from datetime import datetime
 from pathlib import Path
@@ -326,6 +328,24 @@ def test_opening_without_upgrade_requires_head(tmp_path: Path):
 
 
 # -- migrations -----------------------------------------------------------------------------------
+
+
+def test_head_revision_constant_is_the_newest_script():
+    # HEAD_REVISION spares an open of an up-to-date database Alembic's import; a new migration
+    # script must move it.
+    assert migrations.HEAD_REVISION == migrations.script_head_revision()
+    assert migrations.HEAD_REVISION in migrations.known_revisions()
+
+
+def test_opening_a_database_at_head_does_not_import_alembic(tmp_path: Path):
+    path = tmp_path / "head.db"
+    upgrade(path)
+    code = ("import sys; from tuning_db import TuningDB; db = TuningDB(sys.argv[1]); db.winners(); "
+            "assert not any(m == 'alembic' or m.startswith('alembic.') for m in sys.modules), "
+            "sorted(m for m in sys.modules if m.startswith('alembic'))")
+    done = subprocess.run([sys.executable, "-c", code, f"sqlite:///{path}"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
 
 
 def test_migrations_from_empty_to_head(tmp_path: Path):

@@ -89,7 +89,7 @@ def _read_schema(connection: Connection, url: str) -> _Schema:
         return _EMPTY
     revision = migrations.stamped_revision(connection)
     where = display_url(url)
-    if revision not in migrations.known_revisions():
+    if not migrations.is_known_revision(revision):
         raise DatabaseError(
             f"{where}: its schema revision {revision} is unknown to this autogen (whose newest "
             f"is {migrations.head_revision()}): a newer autogen wrote it",

@@ -11,10 +11,6 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
@@ -28,6 +24,10 @@ VERSION_TABLE = "autogen_alembic_version"
 SQLITE_HEADER = b"SQLite format 3\x00"
 SQLITE_CORRUPTION = ("SQLITE_NOTADB", "SQLITE_CORRUPT")  # prefixes of sqlite3's error names
 MIGRATION_LOCK_KEY = 0x6175746F67656E  # PostgreSQL advisory lock id: "autogen" in ASCII
+# The newest revision in versions/ (tests check it against Alembic's script directory). Opening a
+# database already at this revision needs no Alembic at all: importing Alembic and reading the
+# scripts cost a quarter of a second, on every `autogen tune` answered from the database.
+HEAD_REVISION = "0004_trial_claims"
 
 
 class ForeignDatabaseError(Exception):
@@ -38,8 +38,10 @@ class NewerSchemaError(Exception):
     """The database is at a schema revision these migrations do not know."""
 
 
-def alembic_config(connection: Connection | None = None) -> Config:
-    """A Config pointing at this package; env.py runs on ``connection``."""
+def alembic_config(connection: Connection | None = None):
+    """An Alembic Config pointing at this package; env.py runs on ``connection``."""
+    from alembic.config import Config
+
     config = Config()
     # Config values are %-interpolated, so a '%' in the install path must be doubled.
     config.set_main_option("script_location", str(SCRIPT_LOCATION).replace("%", "%%"))
@@ -48,31 +50,49 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 
 @lru_cache(maxsize=1)
-def _script_directory() -> ScriptDirectory:
+def _script_directory():
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(alembic_config())
 
 
 def head_revision() -> str:
-    head = _script_directory().get_current_head()
-    assert head is not None, "tuning_db/migrations/versions holds no revision"
-    return head
+    return HEAD_REVISION
+
+
+def script_head_revision() -> str | None:
+    """The head according to Alembic's reading of versions/ (what HEAD_REVISION must equal)."""
+    return _script_directory().get_current_head()
 
 
 def known_revisions() -> frozenset[str]:
     return frozenset(script.revision for script in _script_directory().walk_revisions())
 
 
+def is_known_revision(revision: str | None) -> bool:
+    return revision == HEAD_REVISION or revision in known_revisions()
+
+
 def stamped_revision(connection: Connection) -> str | None:
-    """The revision recorded in the database, or None when it was never migrated."""
-    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
+    """The revision recorded in the database, or None when it was never migrated (what
+    Alembic's MigrationContext.get_current_revision reads, without importing Alembic)."""
+    if not inspect(connection).has_table(VERSION_TABLE):
+        return None
+    stamped = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    if len(stamped) > 1:
+        raise NewerSchemaError(f"it is stamped with several revisions ({', '.join(sorted(stamped))})")
+    return stamped[0] if stamped else None
 
 
 def upgrade_to(connection: Connection, revision: str = "head") -> None:
+    from alembic import command
+
     command.upgrade(alembic_config(connection), revision)
 
 
 def downgrade_to(connection: Connection, revision: str) -> None:
+    from alembic import command
+
     command.downgrade(alembic_config(connection), revision)
 
 
@@ -88,6 +108,8 @@ def upgrade_database(connection: Connection, adopt: bool = False) -> str:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
     check_ownership(connection, adopt)
     revision = stamped_revision(connection)
+    if revision == HEAD_REVISION:
+        return revision  # nothing to migrate
     if revision is not None and revision not in known_revisions():
         raise NewerSchemaError(
             f"its schema revision {revision} is unknown to this autogen (whose newest is "
