@@ -26,6 +26,30 @@ def templates_dir() -> Path:
     raise FileNotFoundError(f"autogen templates not found next to {here}")
 
 
+class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
+    """Jinja's compiled templates kept beside the kernel cache: compiling a family's template
+    takes longer than the rest of an `autogen tune` answered from the database. Jinja keys each
+    entry by the template's name and source checksum, so an edited template is compiled afresh.
+    A cache that cannot be written is only slower."""
+
+    def dump_bytecode(self, bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    from .paths import kernel_cache_dir
+
+    folder = kernel_cache_dir() / "templates"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return _TemplateBytecodeCache(str(folder))
+
+
 @functools.lru_cache(maxsize=None)
 def _environment(search_path: tuple[str, ...]) -> jinja2.Environment:
     # One FileSystemLoader over the path: a user family's folder first, then autogen's templates,
@@ -36,6 +60,7 @@ def _environment(search_path: tuple[str, ...]) -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        bytecode_cache=_bytecode_cache(),
     )
 
 
