@@ -446,7 +446,9 @@ def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int, devic
 
 def dtype_name(array) -> str:
     """The autogen dtype name of an array as stored (uint16 is bfloat16's bit patterns)."""
-    return _NAME_OF_STORAGE.get(array.dtype, array.dtype.name)
+    dtype = array.dtype
+    name = _NAME_OF_STORAGE.get(dtype)  # not .get(dtype, dtype.name): .name is slow to build
+    return name if name is not None else dtype.name
 
 
 _NAME_OF_STORAGE = {np.dtype(d.storage): d.name for d in reversed(list(DTYPES.values()))
@@ -594,7 +596,8 @@ def random_uniform(xp, rng, shape, dtype) -> Any:
     return values.astype(dtype, copy=False)
 
 
-_WORKSPACES: dict[tuple, tuple] = {}
+_WORKSPACES: dict[tuple, tuple] = {}  # (device, stream, owner) -> its arrays
+_FITTING: dict[tuple, tuple] = {}  # (device, stream, owner, sizes) -> the arrays, known large enough
 
 
 def stream_workspace(cupy, device: int, like, owner: str, sizes: tuple[tuple[int, str], ...]) -> tuple:
@@ -605,8 +608,12 @@ def stream_workspace(cupy, device: int, like, owner: str, sizes: tuple[tuple[int
     from .errors import CaptureError
 
     stream = call_stream_ptr(cupy, like)
+    fitting = _FITTING.get((device, stream, owner, sizes))  # the hot path: one lookup
+    if fitting is not None:
+        return fitting
     found = _WORKSPACES.get((device, stream, owner))
     if found is not None and all(a.size >= count for a, (count, _) in zip(found, sizes)):
+        _FITTING[(device, stream, owner, sizes)] = found
         return found
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(like, torch.Tensor) and torch.cuda.is_current_stream_capturing():
@@ -618,4 +625,7 @@ def stream_workspace(cupy, device: int, like, owner: str, sizes: tuple[tuple[int
     arrays = tuple(cupy.zeros(max(count, 1), dtype=dtype) for count, dtype in sizes)
     cupy.cuda.get_current_stream().synchronize()  # zeroed before any stream uses them (once)
     _WORKSPACES[(device, stream, owner)] = arrays
+    for key in [k for k in _FITTING if k[:3] == (device, stream, owner)]:
+        del _FITTING[key]  # they name the arrays just replaced
+    _FITTING[(device, stream, owner, sizes)] = arrays
     return arrays

@@ -44,7 +44,7 @@ def per_call_us(fn, calls: int) -> float:
     return statistics.median(samples)
 
 
-def host_overhead(db_url: str, calls: int = 20000, profile: bool = True) -> list[dict]:
+def host_overhead(db_url: str, calls: int = 20000, profile: bool = False) -> list[dict]:
     """Host time per dispatched call on a hit, for every family with Family.example_call,
     against bare launches of the same kernel functions with the same arguments: "bare" with
     NumPy scalars (what a user of a CuPy RawKernel writes: np.int32(m), np.float32(alpha)) and
@@ -92,7 +92,8 @@ def host_overhead(db_url: str, calls: int = 20000, profile: bool = True) -> list
                      "bare_rawkernel_us": round(bare_us, 3), "bare_preconverted_us": round(floor_us, 3),
                      "autogen_us": round(ours_us, 3), "ratio_vs_bare": round(ours_us / bare_us, 3),
                      "ratio_vs_preconverted": round(ours_us / floor_us, 3)})
-        if profile and family.name == "sgemv":
+        if profile:
+            print(f"--- {family.name}: where the host time of a dispatched call goes", file=sys.stderr)
             profile_hot_path(dispatched)
     return rows
 
@@ -107,7 +108,7 @@ def profile_hot_path(fn, calls: int = 5000) -> None:
     for _ in range(calls):
         fn()
     profiler.disable()
-    pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(12)
 
 
 def regret(db_url: str, out: Path, trials: int) -> list[dict]:
@@ -154,9 +155,11 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--overhead-only", action="store_true", help="skip the regret measurement")
+    parser.add_argument("--profile", action="store_true",
+                        help="print (stderr) a cProfile of every family's dispatched call")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"host_overhead": host_overhead(args.db, args.calls),
+    report = {"host_overhead": host_overhead(args.db, args.calls, args.profile),
               "regret": [] if args.overhead_only else regret(args.db, args.out, args.trials)}
     (args.out / "bench_dispatch.json").write_text(json.dumps(report, indent=2))
     print(f"{'family':>10} {'shape':>16} {'launches':>8} {'bare us':>8} {'floor us':>8} {'autogen us':>10} "

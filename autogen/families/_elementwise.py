@@ -33,6 +33,7 @@ TOLERANCES = {"float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
 DTYPES = ("float32", "float16", "bfloat16")
 
 HALF_TYPES = ("float16", "bfloat16")
+_BOOL = np.dtype(np.bool_)
 
 
 def _packs_in_flight(p) -> str | None:
@@ -138,6 +139,11 @@ def flat_operand(cupy, obj, name: str, dtypes: tuple[str, ...], device: int, boo
 
     from ..family import device_array
 
+    if type(obj) is cupy.ndarray:  # the common case: no torch checks, no view when already flat
+        if bool_as_uint8 and obj.dtype is _BOOL:
+            obj = obj.view(cupy.uint8)
+        array = device_array(cupy, obj, name, dtypes, obj.ndim, device)
+        return array if array.ndim == 1 else array.reshape(-1)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         if obj.dtype == torch.bfloat16:

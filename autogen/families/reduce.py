@@ -11,6 +11,8 @@ signature of `c_params`.
 
 from __future__ import annotations
 
+import functools
+
 
 import numpy as np
 
@@ -93,6 +95,7 @@ class Reduce(Family):
         blocks = self.grid_blocks(problem, config["block_size"], config["elements_per_thread"])
         return Launch(grid=(blocks, 1, 1), block=(config["block_size"], 1, 1))
 
+    @functools.lru_cache(maxsize=1024)  # on every dispatched call: computed once per shape
     def workspace_blocks(self, problem: Problem) -> int:
         """Partials needed by the largest grid any config of the space launches on this shape."""
         return max(self.grid_blocks(problem, bs, ept) for bs in SPACE.param("block_size").choices
