@@ -192,7 +192,11 @@ def test_bench_seed_hook_appends_the_family_seeds_after_the_tuners_own(monkeypat
     import time
     assert bench.shape_limit(70, time.monotonic() + 1000, 8) == 70
     assert bench.shape_limit(70, time.monotonic() + 100, 8) == bench.MIN_SHAPE_S
-    assert len(bench.PLAN) == 9 and sum(limit for _, _, limit, _ in bench.PLAN) <= 360
+    assert {shape for shape, *_ in bench.PLAN} == {
+        (4096, 4096, 4096), (8192, 8192, 8192), (4097, 4097, 4097), (1024, 1024, 1024), (1000, 1000, 1000),
+        (4096, 4096, 64), (128, 12288, 4096), (12288, 128, 4096), (64, 64, 65536)}
+    assert sum(limit + bench.OVERHEAD_S for _, _, limit, _ in bench.PLAN) <= 410  # of the 420 s budget
+    assert bench.PLAN[0][0] == (4096, 4096, 4096) and bench.PLAN[1][0] == (8192, 8192, 8192)  # seeded from it
 
 
 def test_kernel_names_are_procedural():
