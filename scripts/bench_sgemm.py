@@ -223,7 +223,7 @@ def shape_limit(plan_s: float, deadline: float, later_shapes: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--trials", type=int, help="variants measured per shape (default: PLAN's, 5-14)")
+    parser.add_argument("--trials", type=int, help="variants measured per shape at most (default: PLAN's, 6-30)")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="wall-clock budget of the shapes, start-up to table (default 420)")
     parser.add_argument("--db", help="tuning database (shapes already tuned there are resumed)")
