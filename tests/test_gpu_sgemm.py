@@ -22,15 +22,21 @@ pytestmark = pytest.mark.gpu
 FAMILY = get_family("sgemm")
 # (m, n, k): tails on every edge, k under one tile, k over many split ranges, odd everything.
 SHAPES = [(1, 1, 1), (37, 41, 43), (130, 67, 300), (64, 64, 4100), (257, 129, 65), (33, 1000, 17), (5, 3, 2000)]
+BENCH_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4097, 4097, 4097), (1024, 1024, 1024), (1000, 1000, 1000),
+                (4096, 4096, 64), (128, 12288, 4096), (12288, 128, 4096), (64, 64, 65536)]
 
 
 def sample_configs() -> dict:
     sys.path.insert(0, "tests")
     from nvcc_tools import extreme_configs
-    from test_sgemm_family import tightest
+    from test_sgemm_family import tightest, tightest_capped
 
     everything = list(FAMILY.space.enumerate())
-    picked = extreme_configs(FAMILY) + tightest(16) + random.Random(7).sample(everything, 60)
+    # The seeds of the benchmark shapes (what every search measures first), the capped variants
+    # nearest spilling (min_blocks=2), then a random sample.
+    seeds = [c for shape in BENCH_SHAPES for c in FAMILY.seed_configs(FAMILY.problem(m=shape[0], n=shape[1], k=shape[2]))]
+    picked = (extreme_configs(FAMILY) + tightest(16) + tightest_capped() + seeds
+              + random.Random(7).sample(everything, 60))
     # Every choice of every parameter, also in a config far from the first one that holds it.
     rng = random.Random(11)
     for param in FAMILY.space.params:
@@ -227,7 +233,8 @@ def test_exported_selftest_passes(tmp_path, db_url):
     skinny = dict(FAMILY.default_params, block_m=64, block_n=64, thread_m=4, thread_n=4, pipeline="async2",
                   vector_width=1)
     with TuningDB(db_url) as db:
-        store_winner(db, device, "sgemm", {"m": 1024, "n": 1024, "k": 1024}, dict(FAMILY.default_params), 100.0)
+        store_winner(db, device, "sgemm", {"m": 1024, "n": 1024, "k": 1024}, dict(FAMILY.default_params, min_blocks=2),
+                     100.0)
         store_winner(db, device, "sgemm", {"m": 64, "n": 64, "k": 8192}, split, 10.0)
         store_winner(db, device, "sgemm", {"m": 200, "n": 300, "k": 64}, skinny, 5.0)
     out = tmp_path / "export"

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from autogen.errors import UsageError
-from autogen.families.sgemm import SPACE, geometry
+from autogen.families import sgemm as sgemm_module
+from autogen.families.sgemm import SPACE, geometry, launch_bounds_cap
 from autogen.gpu import sm_count
 from autogen.family import get_family
 from autogen.render import render
@@ -61,9 +62,146 @@ def test_every_valid_point_fits_the_limits():
         assert c["block_m"] == g["warps_m"] * int(c["warp_layout"].split("x")[0]) * c["thread_m"]
 
 
+# -- min_blocks: __launch_bounds__(threads, min_blocks) ---------------------------------------------
+
+
+def test_launch_bounds_cap_is_the_register_file_over_the_resident_threads():
+    assert launch_bounds_cap(256, 1) == 255 and launch_bounds_cap(256, 2) == 128
+    assert launch_bounds_cap(512, 1) == 128 and launch_bounds_cap(512, 2) == 64
+    assert launch_bounds_cap(128, 2) == 255  # 256 allowed: nothing capped
+    assert launch_bounds_cap(256, 3) == 80  # 85, in units of 8
+    assert launch_bounds_cap(96, 3) == 224  # 227 rounded down to a multiple of 8
+
+
+def test_min_blocks_renders_into_launch_bounds_and_the_name():
+    two = config(min_blocks=2)
+    source = render(FAMILY, "float32", two)
+    name = FAMILY.kernel_name("float32", two)
+    assert name.endswith("_mb2")
+    assert f"__launch_bounds__(256, 2)\n{name}(" in source
+    one = render(FAMILY, "float32", config())
+    assert "__launch_bounds__(256)\n" + FAMILY.kernel_name("float32", config()) + "(" in one
+    # The split-K init kernel keeps its own bounds.
+    split = render(FAMILY, "float32", config(min_blocks=2, split_k=2, store_width=1))
+    assert "__launch_bounds__(256)\n" in split and "__launch_bounds__(256, 2)\n" in split
+
+
+@pytest.mark.parametrize("changes, reason", [
+    # 128 threads x 2 blocks leave 256 registers: no cap, the min_blocks=1 kernel renamed.
+    ({"block_m": 64, "block_n": 128, "min_blocks": 2}, "caps nothing"),
+    # 4 x 4 tiles at 256 threads need under 128 registers anyway.
+    ({"thread_m": 4, "thread_n": 4, "block_m": 64, "block_n": 64, "min_blocks": 2}, "caps nothing"),
+    # 512 threads x 2 blocks: 64 registers, spills (sm_80) even with 4 x 4 tiles.
+    ({"block_m": 128, "block_n": 256, "thread_m": 4, "thread_n": 8, "block_k": 8, "pipeline": "async2",
+      "min_blocks": 2}, "it spills (ptxas)"),
+    # Deep tiles staged in registers: far over the cap.
+    ({"block_m": 64, "block_n": 256, "block_k": 16, "pipeline": "sync", "min_blocks": 2}, "it spills"),
+    # cp.async with 16-deep 128 x 128 tiles: 146 estimated, spills on sm_90.
+    ({"block_k": 16, "pipeline": "async2", "min_blocks": 2}, "pipeline=async2: it spills"),
+    # Scalar loads staged in registers (141 estimated: within the slack, but spills on sm_80 and sm_90).
+    ({"block_m": 32, "block_n": 256, "block_k": 16, "thread_m": 4, "vector_width": 1, "pipeline": "sync",
+      "store_width": 1, "min_blocks": 2}, "vector_width=1"),
+])
+def test_min_blocks_constraint_rejects_what_caps_nothing_or_spills(changes, reason):
+    problems = SPACE.violations({**FAMILY.default_params, **changes})
+    assert problems and any(reason in p for p in problems), problems
+
+
+def test_min_blocks_constraint_checks_threads_and_shared_memory_per_sm():
+    params = {**FAMILY.default_params, "min_blocks": 2}
+    assert sgemm_module._occupancy_fits(params) is None  # 16.9 KB x 2 of 164 KB
+    small_sm = sgemm_module._occupancy_fits(params, sm_shared=2 * 16 * 1024)
+    assert small_sm and "bytes of an SM" in small_sm
+    big = {**params, "block_m": 256, "block_n": 256, "thread_m": 8, "thread_n": 8}  # 1024 threads
+    assert "threads per SM" in (sgemm_module._occupancy_fits({**big, "min_blocks": 3}) or "")
+
+
+def test_min_blocks_two_only_where_it_caps_256_thread_blocks():
+    capped = [c for c in FAMILY.space.enumerate() if c["min_blocks"] == 2]
+    assert 300 <= len(capped) <= 2000
+    for c in capped:
+        g = geometry(c)
+        assert g["threads"] == 256 and g["launch_bounds_cap"] == 128 < g["registers"]
+        slack = 13 if c["pipeline"].startswith("async") else 22
+        assert g["registers"] <= 128 + slack
+        assert c["vector_width"] == 4 or c["pipeline"].startswith("async")
+    assert FAMILY.space.check({**FAMILY.default_params, "min_blocks": 2})  # the 4096^3 winner, capped
+
+
+# -- seeds ---------------------------------------------------------------------------------------------
+
+
+def names(configs):
+    return [FAMILY.kernel_name("float32", c).removeprefix("sgemm_f32_") for c in configs]
+
+
+def test_seeds_for_large_squares_start_with_the_capped_128x128_winner():
+    for shape in [(4096, 4096, 4096), (8192, 8192, 8192), (4097, 4097, 4097)]:
+        p = problem(*shape)
+        seeds = FAMILY.seed_configs(p)
+        assert 4 <= len(seeds) <= sgemm_module.SEEDS and len(set(seeds)) == len(seeds)
+        assert names(seeds)[0] == "bm128_bn128_bk8_tm8_tn8_wl4x8_vw4_sw4_pad4_plregs_sk1_mb2"
+        assert FAMILY.default_config(p) == seeds[0]
+        assert sum(c["min_blocks"] == 2 for c in seeds) >= 3 and all(c["split_k"] == 1 for c in seeds)
+        assert any(c["pipeline"].startswith("async") for c in seeds)
+        assert all(FAMILY.reject_reason(p, c) is None and not SPACE.violations(c.as_dict()) for c in seeds)
+
+
+def test_seeds_split_k_where_128x128_tiles_leave_the_gpu_under_one_wave():
+    tall = problem(128, 12288, 4096)  # 96 tiles of 128 x 128
+    seeds = FAMILY.seed_configs(tall)
+    assert seeds[0]["split_k"] == 2 and seeds[0]["store_width"] == 1 and seeds[0]["min_blocks"] == 2
+    assert all(FAMILY.tiles(tall, c) * c["split_k"] >= sm_count() for c in seeds)
+    assert names(FAMILY.seed_configs(problem(12288, 128, 4096)))[0] == names(seeds)[0]
+    cube = problem(1024, 1024, 1024)  # 64 tiles: split 4 fills 256 blocks
+    assert FAMILY.seed_configs(cube)[0]["split_k"] == 4
+    skinny = problem(64, 64, 65536)  # 128-wide tiles pruned: 32 x 32 tiles split 64 ways
+    seeds = FAMILY.seed_configs(skinny)
+    assert seeds and all(c["block_m"] <= 64 and c["block_n"] <= 64 and c["split_k"] > 1 for c in seeds)
+    assert seeds[0]["split_k"] * FAMILY.tiles(skinny, seeds[0]) >= sm_count()
+    assert all(FAMILY.reject_reason(skinny, c) is None for c in seeds)
+
+
+def test_default_config_without_a_problem_is_default_params_and_tiny_shapes_get_small_tiles():
+    assert FAMILY.default_config().as_dict() == dict(FAMILY.default_params)
+    tiny = FAMILY.default_config(problem(1, 1, 1))
+    assert tiny["block_m"] == tiny["block_n"] == 32 and tiny["split_k"] == 1
+    assert FAMILY.seed_configs(problem(7, 5, 9)) == [FAMILY.default_config(problem(7, 5, 9))]
+
+
+def test_bench_seed_hook_appends_the_family_seeds_after_the_tuners_own(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    from autogen import warmstart
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_sgemm", Path(__file__).resolve().parent.parent / "scripts" / "bench_sgemm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    p = problem(4096, 4096, 4096)
+    nearest = {**FAMILY.default_params, "block_k": 16}
+    monkeypatch.setattr(warmstart, "seeds", lambda db, device, family, prob, warm: [
+        nearest, family.default_config(prob).as_dict()])
+    bench.install_family_seeds()
+    bench.install_family_seeds()  # once only
+    got = warmstart.seeds(None, None, FAMILY, p, True)
+    want = [nearest] + [c.as_dict() for c in FAMILY.seed_configs(p)]
+    assert got == want
+    # Shape budgets: every later shape keeps its minimum.
+    import time
+    assert bench.shape_limit(70, time.monotonic() + 1000, 8) == 70
+    assert bench.shape_limit(70, time.monotonic() + 100, 8) == bench.MIN_SHAPE_S
+    assert {shape for shape, *_ in bench.PLAN} == {
+        (4096, 4096, 4096), (8192, 8192, 8192), (4097, 4097, 4097), (1024, 1024, 1024), (1000, 1000, 1000),
+        (4096, 4096, 64), (128, 12288, 4096), (12288, 128, 4096), (64, 64, 65536)}
+    assert sum(limit + bench.OVERHEAD_S for _, _, limit, _ in bench.PLAN) <= 410  # of the 420 s budget
+    assert bench.PLAN[0][0] == (4096, 4096, 4096) and bench.PLAN[1][0] == (8192, 8192, 8192)  # seeded from it
+
+
 def test_kernel_names_are_procedural():
     assert FAMILY.kernel_name("float32", FAMILY.default_config()) == \
-        "sgemm_f32_bm128_bn128_bk8_tm8_tn8_wl4x8_vw4_sw4_pad4_plregs_sk1"
+        "sgemm_f32_bm128_bn128_bk8_tm8_tn8_wl4x8_vw4_sw4_pad4_plregs_sk1_mb1"
 
 
 # -- problems, pruning, plan ------------------------------------------------------------------------
@@ -263,6 +401,35 @@ def test_tightest_variants_compile_without_spills(arch, tmp_path):
     assert all(f == "0" for f in re.findall(r"(\d+) bytes stack frame", report))
     used = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
     assert max(used) <= 255
+
+
+def tightest_capped() -> list:
+    """min_blocks=2 points whose register estimate is furthest over the cap of 128, per pipeline,
+    load width and thread tile, plus the capped 4096^3 winner: what would spill first."""
+    by_key: dict = {}
+    for c in FAMILY.space.enumerate():
+        if c["min_blocks"] != 2 or c["split_k"] > 2:
+            continue
+        key = (c["pipeline"], c["vector_width"], c["thread_m"] * c["thread_n"], c["store_width"])
+        over = geometry(c)["registers"]
+        if key not in by_key or over > by_key[key][0]:
+            by_key[key] = (over, c)
+    return [c for _, c in by_key.values()] + [config(min_blocks=2)]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_capped_variants_compile_within_128_registers_without_spills(arch, tmp_path):
+    from nvcc_tools import nvcc_compile
+
+    configs = tightest_capped()
+    assert len(configs) >= 8
+    report = nvcc_compile([render(FAMILY, "float32", c) for c in configs], arch, tmp_path)
+    blocks = re.split(r"Compiling entry function '(\w+)'", report)[1:]
+    found = dict(zip(blocks[::2], blocks[1::2]))
+    for c in configs:
+        text = found[FAMILY.kernel_name("float32", c)]
+        assert int(re.search(r"Used (\d+) registers", text).group(1)) <= 128
+        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", text), text
 
 
 # -- the export self-test hook, on the CPU ----------------------------------------------------------

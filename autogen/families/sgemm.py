@@ -28,6 +28,12 @@ INIT_THREADS = 256
 INIT_MAX_BLOCKS = 4096
 SHARED_LIMIT = 48 * 1024  # static shared memory per block
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
+MAX_THREADS_PER_SM = 2048  # sm_80, sm_90
+# Shared memory one SM holds for resident blocks: 164 KiB on sm_80 (228 KiB on sm_90), less
+# 1 KiB the runtime reserves per block; the space is the same for both, so the smaller figure.
+SM_SHARED = 164 * 1024
+SHARED_RESERVED = 1024  # per resident block
+PTXAS_MAX_REGISTERS = 255
 # What the estimate below may reach: nvcc fills 255 registers and spills past an estimate of
 # ~215 (TM = TN = 8 with BK = 32 and 64-thread blocks), so blocks of up to 256 threads stop at 208.
 MAX_REGISTERS = 208
@@ -35,6 +41,12 @@ MAX_REGISTERS = 208
 # bounds, loop state. Calibrated on nvcc 13 -Xptxas -v for sm_80 and sm_90: no spill at or
 # under the cap (512 threads: 128; fewer: MAX_REGISTERS).
 REGISTER_OVERHEAD = 40
+# min_blocks = 2 (see _occupancy_fits): the register estimate may exceed the cap of
+# __launch_bounds__(threads, 2) by this much (ptxas then schedules tighter, without spilling);
+# only blocks of up to CAPPED_MAX_THREADS threads are capped.
+CAP_SLACK = 22  # register-staged pipelines (sync, regs) with 16-byte loads
+CAP_SLACK_ASYNC = 13  # cp.async pipelines: ptxas spills from 144 registers estimated (sm_90)
+CAPPED_MAX_THREADS = 256
 MAX_COPIES = 32  # global loads (or cp.async copies) per thread per k tile: bounds code size
 MAX_THREADS = 512
 SMALL_TILE = 64 * 64  # block tiles under this are pruned where 128 x 128 tiles fill the GPU 4 times
@@ -65,9 +77,18 @@ def geometry(p) -> dict:
     # and converts them; blocks of 32-64 threads with deep tiles spill without this), an address
     # or predicate per load, and the fixed overhead.
     registers = tm * tn + 2 * (tm + tn) + prefetch * 3 // 2 + a_loads + b_loads + REGISTER_OVERHEAD
+    min_blocks = p["min_blocks"]
     return {"warps_m": warps_m, "warps_n": warps_n, "threads": threads, "stages": stages,
             "shared_bytes": 4 * stages * bk * (bm + pad + bn + pad), "a_loads": a_loads, "b_loads": b_loads,
-            "registers": registers, "register_cap": min(MAX_REGISTERS, REGISTER_FILE // max(threads, 1))}
+            "registers": registers, "register_cap": min(MAX_REGISTERS, REGISTER_FILE // max(threads, 1)),
+            "min_blocks": min_blocks,
+            "launch_bounds_cap": launch_bounds_cap(threads, min_blocks)}
+
+
+def launch_bounds_cap(threads: int, min_blocks: int) -> int:
+    """Registers per thread ptxas allows under __launch_bounds__(threads, min_blocks): the
+    register file shared by min_blocks blocks, in the allocation unit of 8 per thread, at most 255."""
+    return min(PTXAS_MAX_REGISTERS, REGISTER_FILE // max(threads * min_blocks, 1) // 8 * 8)
 
 
 def _warp_tiles_fit(p) -> str | None:
@@ -111,6 +132,42 @@ def _sync_depth(p) -> str | None:
     return None
 
 
+def _occupancy_fits(p, sm_shared: int = SM_SHARED) -> str | None:
+    """min_blocks = 2 (__launch_bounds__(threads, 2)): the two blocks must fit an SM together
+    (threads, shared memory) and the cap must change something without making ptxas spill.
+
+    Measured with nvcc 13 -Xptxas -v on sm_80 and sm_90 (the tightest point of every block size,
+    thread tile, pipeline and load width): 128-thread blocks are not capped at all (256 > 255
+    registers); 256-thread blocks are capped at 128 and compile without spills where the register
+    estimate is at most CAP_SLACK over it (CAP_SLACK_ASYNC for cp.async pipelines) and the
+    staged loads are 16-byte (vector_width 4) or not staged (cp.async); 512-thread blocks are capped at 64 and spill even with 4 x 4 tiles
+    (sm_80). min_blocks = 3 (80 registers at 256 threads, 168 at 128) spilled on most tiles it caps."""
+    blocks = p["min_blocks"]
+    if blocks == 1 or _warp_tiles_fit(p):
+        return None
+    g = geometry(p)
+    threads = g["threads"]
+    if threads * blocks > MAX_THREADS_PER_SM:
+        return f"min_blocks={blocks} blocks of {threads} threads are over {MAX_THREADS_PER_SM} threads per SM"
+    if (g["shared_bytes"] + SHARED_RESERVED) * blocks > sm_shared:
+        return (f"min_blocks={blocks} blocks of {g['shared_bytes']} bytes of shared memory (+{SHARED_RESERVED} "
+                f"reserved each) are over the {sm_shared} bytes of an SM")
+    cap = g["launch_bounds_cap"]
+    if cap >= PTXAS_MAX_REGISTERS or g["registers"] <= cap:
+        return (f"min_blocks={blocks} caps nothing: {threads} threads x {blocks} blocks leave {cap} registers, "
+                f"about {g['registers']} needed (the same kernel as min_blocks=1)")
+    if threads > CAPPED_MAX_THREADS:
+        return f"min_blocks={blocks} caps {threads}-thread blocks at {cap} registers: it spills (ptxas)"
+    slack = CAP_SLACK_ASYNC if p["pipeline"].startswith("async") else CAP_SLACK
+    if g["registers"] > cap + slack:
+        return (f"min_blocks={blocks} caps {threads}-thread blocks at {cap} registers, {g['registers'] - cap} "
+                f"under the estimate of {g['registers']} (over {slack} with pipeline={p['pipeline']}: it spills)")
+    if p["vector_width"] == 1 and not p["pipeline"].startswith("async"):
+        return (f"min_blocks={blocks} with 4-byte loads staged in registers (vector_width=1, "
+                f"pipeline={p['pipeline']}) spills under the {cap}-register cap")
+    return None
+
+
 SPACE = Space(
     params=(
         Param("block_m", (16, 32, 64, 128, 256), "bm", "rows of C per block"),
@@ -126,13 +183,38 @@ SPACE = Space(
         Param("pipeline", ("sync", "regs", "async2", "async3"), "pl",
               "sync: one stage; regs: 2 stages, next tile prefetched in registers; asyncN: N cp.async stages"),
         Param("split_k", (1, 2, 4, 8, 16, 32, 64), "sk", "blocks per tile over disjoint ranges of k (atomicAdd)"),
+        Param("min_blocks", (1, 2), "mb",
+              "blocks per SM the kernel is compiled for: __launch_bounds__(threads, min_blocks) caps "
+              "registers at 65536 / (threads * min_blocks), so that min_blocks blocks are resident"),
     ),
-    constraints=(_warp_tiles_fit, _resources_fit, _split_stores_scalar, _sync_depth),
+    constraints=(_warp_tiles_fit, _resources_fit, _split_stores_scalar, _sync_depth, _occupancy_fits),
 )
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+# The strongest SIMT configurations known, in order of the prior: what a search tries first
+# (Sgemm.seed_configs adapts each to the shape: split-K to fill the GPU, min_blocks where it
+# compiles, store width where split-K allows). 128 x 128 x 8 tiles with 8 x 8 thread tiles,
+# 16-byte loads, A transposed in shared memory (every variant), register double buffering and
+# two resident blocks per SM first; then cp.async double buffering, the other warp layout,
+# and smaller tiles for shapes that 128 x 128 tiles leave under one wave.
+SEED_TEMPLATES = (
+    dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs"),
+    dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="async3"),
+    dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="8x4", pipeline="regs"),
+    dict(block_m=128, block_n=64, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs"),
+    dict(block_m=64, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs"),
+    # The 1024^3 winner of the first H200 run (0.72x cuBLAS), then smaller tiles.
+    dict(block_m=32, block_n=128, block_k=8, thread_m=8, thread_n=4, warp_layout="4x8", pipeline="async2"),
+    dict(block_m=64, block_n=64, block_k=16, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="async2"),
+    dict(block_m=32, block_n=32, block_k=32, thread_m=4, thread_n=4, warp_layout="8x4", pipeline="async3"),
+    dict(block_m=32, block_n=32, block_k=16, thread_m=4, thread_n=4, warp_layout="4x8", pipeline="async2"),
+)
+SEEDS = 6  # seed configs per problem at most (each is a measured trial of the budget)
+SEED_COMMON = dict(vector_width=4, smem_pad=4)
 
 
 @register
@@ -146,7 +228,7 @@ class Sgemm(Family):
     space = SPACE
     default_params = {"block_m": 128, "block_n": 128, "block_k": 8, "thread_m": 8, "thread_n": 8,
                       "warp_layout": "4x8", "vector_width": 4, "store_width": 4, "smem_pad": 4,
-                      "pipeline": "regs", "split_k": 1}
+                      "pipeline": "regs", "split_k": 1, "min_blocks": 1}
     outputs = ("C",)
     c_params = "const float* A, const float* B, float* C, int m, int n, int k, float alpha, float beta"
     # The error is relative to alpha |A| |B| + beta |C| (reference_magnitude), the scale fp32
@@ -154,6 +236,58 @@ class Sgemm(Family):
     tolerance = 1e-5
     roofline = "compute"
     description = "C = alpha * A B + beta * C, fp32, row-major A (m x k), B (k x n), C (m x n)"
+
+    # --- where a search starts ------------------------------------------------------------
+    def default_config(self, problem: Problem | None = None) -> Config:
+        """Served where nothing is tuned and measured first by every search: the strongest
+        known configuration for this shape (default_params without a shape)."""
+        if problem is None:
+            return self.space.check(self.default_params)
+        seeds = self.seed_configs(problem)
+        return seeds[0] if seeds else self.space.check(self.default_params)
+
+    def seed_configs(self, problem: Problem, count: int = SEEDS) -> list[Config]:
+        """The strongest known configurations adapted to this shape, best first: each of
+        SEED_TEMPLATES with split-K raised until the blocks fill the GPU (where the tiles leave
+        it under one wave), min_blocks=2 where that variant compiles, 16-byte stores without
+        split-K; those the shape pruning rejects are left out, duplicates once.
+
+        The seam seeds a search with one family config (default_config) after the nearest tuned
+        shapes' winners; these are the rest of the list, for the hook that takes several."""
+        found: list[Config] = []
+        ranked = []
+        for order, template in enumerate(SEED_TEMPLATES):
+            config = self._adapt(problem, template)
+            if config is None or config in found:
+                continue
+            found.append(config)
+            blocks = self.tiles(problem, config) * config["split_k"]
+            ranked.append((blocks < sm_count(), order, config))
+        if not ranked:  # a tiny shape prunes every template: the smallest tiles, unpruned
+            for template in reversed(SEED_TEMPLATES):
+                config = self._adapt(problem, template, pruned=False)
+                if config is not None:
+                    return [config]
+        return [config for *_key, config in sorted(ranked, key=lambda r: r[:2])][:count]
+
+    def _adapt(self, problem: Problem, template: dict, pruned: bool = True) -> Config | None:
+        tiles = _ceil(problem["m"], template["block_m"]) * _ceil(problem["n"], template["block_n"])
+        splits = [1]
+        if tiles < sm_count() and pruned:
+            # The smallest split that fills every SM once, or the largest the pruning allows.
+            splits = [s for s in self.space.param("split_k").choices if s == 1 or tiles * s <= 16 * sm_count()]
+            filling = [s for s in splits if tiles * s >= sm_count()]
+            splits = sorted(set(filling[:1] + splits), key=lambda s: (s not in filling[:1], -s))
+        for split in splits:
+            for blocks in (2, 1):
+                params = {**SEED_COMMON, **template, "split_k": split, "min_blocks": blocks,
+                          "store_width": 4 if split == 1 else 1}
+                if self.space.violations(params):
+                    continue
+                config = self.space.check(params)
+                if not pruned or self.reject_reason(problem, config) is None:
+                    return config
+        return None
 
     # --- geometry -------------------------------------------------------------------------
     def tiles(self, problem: Problem, config: Config) -> int:
