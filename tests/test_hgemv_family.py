@@ -681,3 +681,15 @@ def test_pdl_variants_compile_without_spills(tmp_path, arch):
     text = ptx.read_text()
     assert ("griddepcontrol.wait" in text) == (arch == "sm_90")
     assert "mma.sync.aligned.m16n8k16" in text
+
+
+def test_default_config_per_shape():
+    assert FAMILY.default_config() == config()
+    assert FAMILY.default_config(FAMILY.problem(m=4096, n=4096))["unroll"] == 4  # 4 packs in flight
+    assert FAMILY.default_config(FAMILY.problem(m=4096, n=16))["unroll"] == 2
+    for batch, tile in ((2, 2), (3, 4), (8, 8), (20, 8)):
+        c = FAMILY.default_config(FAMILY.problem(m=4096, n=4096, batch=batch))
+        assert c["x_path"] == "mma" and c["batch_tile"] == tile
+        assert FAMILY.reject_reason(FAMILY.problem(m=4096, n=4096, batch=batch), c) is None
+        # 4096 rows: 256 blocks of one 16-row tile, 4 warps splitting the columns
+        assert FAMILY.launch(FAMILY.problem(m=4096, n=4096, batch=batch), c).grid == (256, 1, 1)

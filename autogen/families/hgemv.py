@@ -146,10 +146,20 @@ class Hgemv(Family):
         return TOLERANCES[problem.dtype]
 
     def default_config(self, problem: Problem | None = None) -> Config:
-        """Untuned, a batch of b vectors is served in one launch: the batch tile that covers it."""
+        """Untuned, a batch of b vectors is served in one launch: the batch tile that covers it.
+        Batch 1 on rows of >= 1024 columns keeps 4 packs per thread in flight (unroll=4: 52
+        registers, one wave of 4096 rows on 132 SMs with 62 KiB requested per SM, where unroll=2
+        had 31 KiB, short of what HBM3e needs in flight). Batches of 2 and more use the tensor
+        cores (x_path=mma): one 16-row tile per row group of 4 warps splitting the columns, 4
+        steps of 32 columns in flight (84 registers); the CUDA-core form spends 8 FMAs and 8
+        conversions per weight at batch 8 and needed 146-168 registers."""
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
+            if problem["batch"] == 1 and problem["n"] >= 1024:
+                params["unroll"] = 4
+            elif problem["batch"] > 1:
+                params.update(x_path="mma", threads_per_row=128, warps_per_block=4, rows_per_group=1, unroll=4)
         return self.space.check(params)
 
     # --- geometry -------------------------------------------------------------------------
