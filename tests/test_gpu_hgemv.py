@@ -33,6 +33,14 @@ def sample_configs() -> list:
         for choice in param.choices:
             chosen.add(next(c for c in configs if c[param.name] == choice))
     chosen.update(random.Random(7).sample(configs, SAMPLE))
+    # The defaults per shape (batch 1 on long rows: unroll=4; batches: tensor cores), and tensor-core
+    # variants of every geometry (split columns over 1 to 8 warps, 1 or 2 tiles, unroll) and tile.
+    for dims in ({"m": 64, "n": 4096, "batch": 1}, {"m": 64, "n": 64, "batch": 4}):
+        chosen.add(FAMILY.default_config(FAMILY.problem(**dims)))
+    mma = [c for c in configs if c["x_path"] == "mma"]
+    for key in {(c["threads_per_row"], c["rows_per_group"], c["unroll"]) for c in mma}:
+        chosen.add(next(c for c in mma if (c["threads_per_row"], c["rows_per_group"], c["unroll"]) == key))
+    chosen.update(random.Random(8).sample(mma, 8))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 
@@ -247,3 +255,34 @@ def test_short_tune_export_and_selftest(db_url, tmp_path):
     done = subprocess.run([str(out / "autogen_hgemv_selftest")], capture_output=True, text=True, timeout=600)
     print(done.stdout + done.stderr)
     assert done.returncode == 0 and "autogen self-test: PASS" in done.stdout
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,batch", [(4096, 512, 1), (1000, 4104, 4), (37, 1000, 8), (513, 70, 9)])
+def test_pdl_call_is_bit_identical_to_the_plain_one(dtype, m, n, batch):
+    """pdl=True serves the same config with its first weights loaded before griddepcontrol.wait:
+    the same arithmetic, so the same bits; also inside a captured graph on a non-blocking stream."""
+    import cupy
+
+    import autogen
+    from autogen.dtypes import DTYPES as TABLE, to_storage
+
+    rng = _rng()
+    A = to_storage(cupy, rng.random((m, n), dtype=cupy.float32) - 0.5, dtype)
+    x = to_storage(cupy, rng.random((n, batch) if batch > 1 else (n,), dtype=cupy.float32) - 0.5, dtype)
+    plain = autogen.hgemv(A, x)
+    pdl = autogen.hgemv(A, x, pdl=True)
+    assert cupy.array_equal(plain, pdl) and not bool(cupy.isnan(plain.astype(cupy.float32)).any())
+    stream = cupy.cuda.Stream(non_blocking=True)
+    y = cupy.empty(plain.shape, dtype=TABLE[dtype].storage)
+    with stream:
+        autogen.hgemv(A, x, y=y, pdl=True)
+        stream.begin_capture()
+        try:
+            autogen.hgemv(A, x, y=y, pdl=True)
+        finally:
+            graph = stream.end_capture()
+    y.fill(0)
+    graph.launch(stream)
+    stream.synchronize()
+    assert cupy.array_equal(y, plain)

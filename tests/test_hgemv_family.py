@@ -32,7 +32,7 @@ def config(**params):
 
 
 def test_space_size_and_every_issue_parameter():
-    assert len(CONFIGS) == 4752
+    assert len(CONFIGS) == 4952  # 4752 CUDA-core variants + 200 tensor-core (x_path=mma) ones
     names = set(FAMILY.space.names)
     assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
                      "reduce", "batch_tile"}
@@ -47,7 +47,7 @@ def test_constraints_bound_shared_memory_and_registers():
         if c["x_path"] == "smem":
             assert 4 * columns * c["batch_tile"] <= 32 * 1024
         assert c["rows_per_group"] * c["unroll"] * c["pack_width"] <= 32
-        assert c["rows_per_group"] * c["batch_tile"] <= 16
+        assert c["rows_per_group"] * c["batch_tile"] <= 16 or c["x_path"] == "mma"
         assert c["threads_per_row"] <= 32 * c["warps_per_block"]
         assert c["reduce"] == "shfl" or c["threads_per_row"] > 32
         # Static shared memory of the variant (x tile, reduction arrays) stays under 48 KiB.
@@ -70,6 +70,7 @@ def test_launch_grid_covers_every_row(m):
     for c in CONFIGS[::41]:
         launch = FAMILY.launch(problem, c)
         rows = 32 * c["warps_per_block"] // c["threads_per_row"] * c["rows_per_group"]
+        rows *= 16 if c["x_path"] == "mma" else 1  # a row group of warps computes 16-row tiles
         assert FAMILY.rows_per_block(c) == rows
         assert launch.block == (32 * c["warps_per_block"], 1, 1)
         assert (launch.grid[0] - 1) * rows < m <= launch.grid[0] * rows
@@ -304,11 +305,14 @@ WINNERS = {
     "float16": {(4096, 4096, 1): FAMILY.default_params,
                 (4096, 4096, 4): dict(FAMILY.default_params, batch_tile=4, x_path="smem", unroll=1),
                 (1000, 37, 1): dict(FAMILY.default_params, threads_per_row=4, pack_width=2, rows_per_group=4,
-                                    unroll=4)},
+                                    unroll=4),
+                (4096, 4096, 8): dict(FAMILY.default_params, batch_tile=8, x_path="mma", rows_per_group=2)},
     "bfloat16": {(4096, 4096, 8): dict(FAMILY.default_params, threads_per_row=128, warps_per_block=8, batch_tile=8,
                                        reduce="smem", rows_per_group=2, unroll=1),
                  (128, 8192, 2): dict(FAMILY.default_params, threads_per_row=256, warps_per_block=8, batch_tile=2,
-                                      x_path="smem", pack_width=4, unroll=1)},
+                                      x_path="smem", pack_width=4, unroll=1),
+                 (14336, 4096, 4): dict(FAMILY.default_params, threads_per_row=64, batch_tile=4, x_path="mma",
+                                        rows_per_group=2, unroll=2)},
 }
 
 
@@ -496,3 +500,196 @@ def test_hook_error_passes_right_outputs_and_catches_wrong_ones(harness, dtype):
         assert error == math.inf and "NaN/inf" in why
         error, why = error_of(ref * 1.02)
         assert why == "" and error > tolerance
+
+
+
+# -- tensor cores (x_path=mma) ------------------------------------------------------------------------
+
+MMA_CONFIGS = [c for c in CONFIGS if c["x_path"] == "mma"]
+
+
+def test_mma_variants_are_whole_warps_of_128_bit_loads():
+    assert len(MMA_CONFIGS) == 200
+    for c in MMA_CONFIGS:
+        assert c["pack_width"] == 8 and c["threads_per_row"] >= 32 and c["reduce"] == "shfl"
+        assert c["rows_per_group"] <= 2 and c["rows_per_group"] * c["unroll"] <= 4
+        groups = 32 * c["warps_per_block"] // c["threads_per_row"]
+        assert FAMILY.rows_per_block(c) == 16 * c["rows_per_group"] * groups
+    # every batch tile has tensor-core variants (a tile of 8 vectors costs the same mma as 1)
+    assert {c["batch_tile"] for c in MMA_CONFIGS} == {1, 2, 4, 8}
+    with pytest.raises(Exception, match="pack_width=8 only"):
+        config(x_path="mma", pack_width=4)
+    with pytest.raises(Exception, match="threads_per_row >= 32"):
+        config(x_path="mma", threads_per_row=16)
+
+
+def test_mma_overshoot_counts_the_columns_a_row_group_covers():
+    # A row group of tpr lanes covers tpr columns per step (32 per warp), not tpr * 8.
+    c = config(x_path="mma", threads_per_row=32, batch_tile=8, unroll=2)
+    assert FAMILY.reject_reason(FAMILY.problem(m=4096, n=16, batch=8), c) is None
+    wide = config(x_path="mma", threads_per_row=256, warps_per_block=8, batch_tile=8, unroll=1)
+    assert "spans over twice" in FAMILY.reject_reason(FAMILY.problem(m=4096, n=64, batch=8), wide)
+
+
+def emulate_mma(config, A, x, j0, alpha, beta, y, vector_ok):
+    """The mma template's indexing in NumPy: each block, group, warp and lane of the launch loads
+    what the template loads into its fragments, the PTX m16n8k16 layouts multiply them, the
+    group's warps are summed and the lanes store what the template stores. A mirror of the index
+    arithmetic (the hardware's own layout is checked by the GPU tests)."""
+    m, n = A.shape
+    batch = x.shape[1]
+    tpr, rpg, unroll, bt = config["threads_per_row"], config["rows_per_group"], config["unroll"], config["batch_tile"]
+    wpr, groups = tpr // 32, 32 * config["warps_per_block"] // tpr
+    step, chunk = 32 * wpr, 32 * wpr * unroll
+    nv = min(bt, batch - j0)
+    blocks = -(-m // FAMILY.rows_per_block(config))
+    out = y.copy()
+    for block in range(blocks):
+        for group in range(groups):
+            tile0 = block * groups * 16 * rpg + group * 16 * rpg
+            acc = np.zeros((wpr, rpg, 32, 4))  # per warp of the group, tile, lane, accumulator
+            for kw in range(wpr):
+                for c0 in range(0, n, chunk):
+                    for u in range(unroll):
+                        halves, xv = {}, {}  # what each lane loads: 8 halves per row, 8 of x
+                        for lane in range(32):
+                            g, t = lane // 4, lane % 4
+                            col = c0 + u * step + kw * 32 + 8 * t
+                            for r in range(rpg):
+                                for h in range(2):
+                                    row = tile0 + 16 * r + 8 * h + g
+                                    vals = np.zeros(8)
+                                    for k in range(8):
+                                        ok = (col < n) if vector_ok else (col + k < n)
+                                        if row < m and ok:
+                                            vals[k] = A[row, col + k]
+                                    halves[lane, r, h] = vals
+                            xv[lane] = np.array([x[col + k, j0 + g] if (g < nv and col + k < n) else 0.0
+                                                 for k in range(8)])
+                        for s in range(2):  # the template's two mmas: columns col + 4s .. col + 4s + 3
+                            for r in range(rpg):
+                                # registers as the template passes them: a0 = row g words 2s, a1 = row
+                                # g+8 word 2s, a2 = row g word 2s+1, a3 = row g+8 word 2s+1; b0, b1 =
+                                # x words 2s, 2s+1 (a word: halves (low, high)).
+                                # PTX m16n8k16: a0 (g, 2t+e), a1 (g+8, 2t+e), a2 (g, 2t+8+e),
+                                # a3 (g+8, 2t+8+e); b0 (k 2t+e, n g), b1 (k 2t+8+e, n g);
+                                # c0c1 (g, n 2t+e), c2c3 (g+8, n 2t+e).
+                                Amat, Bmat = np.zeros((16, 16)), np.zeros((16, 8))
+                                for lane in range(32):
+                                    g, t = lane // 4, lane % 4
+                                    lo, hi = halves[lane, r, 0], halves[lane, r, 1]
+                                    regs = [lo[4 * s:4 * s + 2], hi[4 * s:4 * s + 2], lo[4 * s + 2:4 * s + 4],
+                                            hi[4 * s + 2:4 * s + 4]]
+                                    bregs = [xv[lane][4 * s:4 * s + 2], xv[lane][4 * s + 2:4 * s + 4]]
+                                    for e in range(2):
+                                        Amat[g, 2 * t + e] = regs[0][e]
+                                        Amat[g + 8, 2 * t + e] = regs[1][e]
+                                        Amat[g, 2 * t + 8 + e] = regs[2][e]
+                                        Amat[g + 8, 2 * t + 8 + e] = regs[3][e]
+                                        Bmat[2 * t + e, g] = bregs[0][e]
+                                        Bmat[2 * t + 8 + e, g] = bregs[1][e]
+                                C = Amat @ Bmat
+                                for lane in range(32):
+                                    g, t = lane // 4, lane % 4
+                                    acc[kw, r, lane] += [C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t],
+                                                         C[g + 8, 2 * t + 1]]
+            total = acc.sum(axis=0)
+            for r in range(rpg):
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    for i in range(4):
+                        h, j = i // 2, 2 * t + i % 2
+                        row = tile0 + 16 * r + 8 * h + g
+                        if row < m and j < nv:
+                            value = alpha * total[r, lane, i]
+                            out[row, j0 + j] = value if beta == 0.0 else beta * out[row, j0 + j] + value
+    return out
+
+
+@pytest.mark.parametrize("params, shape, vector_ok", [
+    ({"threads_per_row": 32, "warps_per_block": 2, "rows_per_group": 1, "unroll": 2, "batch_tile": 8}, (37, 70, 5), True),
+    ({"threads_per_row": 64, "warps_per_block": 4, "rows_per_group": 2, "unroll": 1, "batch_tile": 4}, (50, 136, 6), True),
+    ({"threads_per_row": 32, "warps_per_block": 1, "rows_per_group": 2, "unroll": 1, "batch_tile": 2}, (19, 37, 3), False),
+])
+def test_mma_fragment_mapping_computes_the_product(params, shape, vector_ok):
+    c = config(x_path="mma", **params)
+    m, n, batch = shape
+    rng = np.random.default_rng(3)
+    if vector_ok:
+        n -= n % 8
+    A, x = rng.random((m, n)) - 0.5, rng.random((n, batch)) - 0.5
+    y = np.full((m, batch), np.nan)
+    for j0 in FAMILY.tiles(FAMILY.problem(m=m, n=n, batch=batch), c):
+        y = emulate_mma(c, A, x, j0, 1.5, 0.0, y, vector_ok)
+    np.testing.assert_allclose(y, 1.5 * (A @ x), rtol=1e-12, atol=1e-12)
+
+
+def test_mma_template_uses_the_emulated_layout():
+    source = render(FAMILY, "float16", config(x_path="mma", batch_tile=8))
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source
+    assert "bf16.bf16" in render(FAMILY, "bfloat16", config(x_path="mma", batch_tile=8))
+    # the index arithmetic emulate_mma mirrors
+    for fragment in ("const int g = wl / 4, t = wl % 4;",
+                     "const long long col = c0 + u * STEP + kw * 32 + 8 * t;",
+                     "const long long row = tile0 + 16 * r + 8 * h + g;",
+                     "mma_16x8x16(acc[r], aw[r][0][u][2 * s], aw[r][1][u][2 * s], aw[r][0][u][2 * s + 1],",
+                     "aw[r][1][u][2 * s + 1], xw[u][2 * s], xw[u][2 * s + 1]);",
+                     "const int h = i / 2, j = 2 * t + i % 2;",
+                     "__ldg(x + c * ldx + j0 + g)"):
+        assert fragment in source, fragment
+
+
+# -- programmatic dependent launch -----------------------------------------------------------------------
+
+PDL_CONFIGS = [config(), config(x_path="smem", batch_tile=4, unroll=1),
+               config(threads_per_row=128, reduce="smem", rows_per_group=2, batch_tile=8, pack_width=4, unroll=1),
+               config(x_path="mma", batch_tile=8, rows_per_group=2),
+               config(x_path="mma", threads_per_row=128, batch_tile=1, unroll=2)]
+
+
+@pytest.mark.parametrize("index", range(len(PDL_CONFIGS)))
+def test_pdl_variant_waits_after_the_first_weights_and_before_x(index):
+    from autogen.render import PDL_SUFFIX
+    c = PDL_CONFIGS[index]
+    plain, pdl = render(FAMILY, "float16", c), render(FAMILY, "float16", c, pdl=True)
+    assert "griddepcontrol" not in plain and "pdl" not in plain
+    assert f"{FAMILY.kernel_name('float16', c)}{PDL_SUFFIX}(" in pdl
+    assert pdl.count('asm volatile("griddepcontrol.wait') == 1
+    assert pdl.count('asm volatile("griddepcontrol.launch_dependents') == 1
+    body = pdl[pdl.index("extern \"C\" __global__"):]
+    wait = body.index("asm volatile(\"griddepcontrol.wait")
+    first_a = body.index("load_words")
+    x_reads = [body.index(p) for p in ("__ldg(x", "load_scalar(x", "x + c * BT", "x + g") if p in body]
+    y_read = body.index("to_float(*out)" if c["x_path"] == "mma" else "to_float(out[j])")
+    assert first_a < wait < min(x_reads) and wait < y_read
+    # no L2 prefetch of whole rows; the dependents are released after the last load, before the stores
+    assert "prefetch.global" not in body
+    assert body.index("for (long long c0 = 0") < body.index('asm volatile("griddepcontrol.launch_dependents') < y_read
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_pdl_variants_compile_without_spills(tmp_path, arch):
+    from nvcc_tools import nvcc_compile
+    sources = [render(FAMILY, d, c, pdl=True) for d in DTYPES for c in PDL_CONFIGS]
+    report = nvcc_compile(sources, arch, tmp_path)
+    assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", report))
+    assert all(f == "0" for f in re.findall(r"(\d+) bytes stack frame", report))
+    source = tmp_path / "pdl.cu"
+    source.write_text(render(FAMILY, "float16", PDL_CONFIGS[3], pdl=True))
+    ptx = tmp_path / "pdl.ptx"
+    subprocess.run([nvcc_or_skip(), f"-arch={arch}", "-ptx", "-o", str(ptx), str(source)], check=True)
+    text = ptx.read_text()
+    assert ("griddepcontrol.wait" in text) == (arch == "sm_90")
+    assert "mma.sync.aligned.m16n8k16" in text
+
+
+def test_default_config_per_shape():
+    assert FAMILY.default_config() == config()
+    assert FAMILY.default_config(FAMILY.problem(m=4096, n=4096))["unroll"] == 4  # 4 packs in flight
+    assert FAMILY.default_config(FAMILY.problem(m=4096, n=16))["unroll"] == 2
+    for batch, tile in ((2, 2), (3, 4), (8, 8), (20, 8)):
+        c = FAMILY.default_config(FAMILY.problem(m=4096, n=4096, batch=batch))
+        assert c["x_path"] == "mma" and c["batch_tile"] == tile
+        assert FAMILY.reject_reason(FAMILY.problem(m=4096, n=4096, batch=batch), c) is None
+        # 4096 rows: 256 blocks of one 16-row tile, 4 warps splitting the columns
+        assert FAMILY.launch(FAMILY.problem(m=4096, n=4096, batch=batch), c).grid == (256, 1, 1)

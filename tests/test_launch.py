@@ -111,6 +111,8 @@ def test_sgemv_pdl_variant_renders_only_when_asked():
     assert f"{name}{PDL_SUFFIX}(" in pdl and "griddepcontrol.wait" in pdl and "launch_dependents" in pdl
     # the wait comes after the weights' prefetch and before the first read of x
     assert pdl.index("asm volatile(\"prefetch") < pdl.index("asm volatile(\"griddepcontrol.wait") < pdl.index("__ldg(")
+    # only the first chunk's lines are prefetched (whole rows of a large matrix were measured slower)
+    assert "const int prefetch_end = min(n, CHUNK);" in pdl and "c < prefetch_end;" in pdl
     with pytest.raises(ValueError, match="no programmatic"):
         render(get_family("softmax"), "float32", get_family("softmax").default_config(), pdl=True)
 

@@ -58,6 +58,23 @@ def _x_tile_fits(p) -> str | None:
     return None
 
 
+def _mma_shape(p) -> str | None:
+    # x_path=mma: each lane loads 8 halves (128 bits) of two rows per 16-row tile, a warp covers
+    # 32 columns of a row tile, a row group is one or more whole warps, and its cross-warp sum
+    # has one form (shared memory), so reduce=smem would duplicate reduce=shfl.
+    if p["x_path"] != "mma":
+        return None
+    if p["pack_width"] != 8:
+        return "x_path=mma loads A fragments 8 halves at a time: pack_width=8 only"
+    if p["threads_per_row"] < 32:
+        return "x_path=mma needs whole warps per row tile: threads_per_row >= 32"
+    if p["reduce"] != "shfl":
+        return "x_path=mma has one cross-warp sum: reduce=shfl only"
+    if p["rows_per_group"] > 2:
+        return "x_path=mma: rows_per_group <= 2 (a 64-row tile spills registers on sm_90)"
+    return None
+
+
 def _values_fit_registers(p) -> str | None:
     # Weights in flight per thread (rows_per_group * unroll packs) and accumulators
     # (rows_per_group * batch_tile) must leave room for a pack's x values (pack_width *
@@ -65,7 +82,9 @@ def _values_fit_registers(p) -> str | None:
     in_flight = p["rows_per_group"] * p["unroll"] * p["pack_width"]
     if in_flight > 32:
         return f"rows_per_group*unroll*pack_width={in_flight} weights in flight per thread exceeds 32"
-    if p["rows_per_group"] * p["batch_tile"] > 16:
+    # x_path=mma keeps 4 accumulators per 16-row tile whatever the batch tile (the tensor core
+    # multiplies all 8 vectors), and its x fragment is 4 registers per unrolled step.
+    if p["x_path"] != "mma" and p["rows_per_group"] * p["batch_tile"] > 16:
         return f"rows_per_group*batch_tile={p['rows_per_group'] * p['batch_tile']} accumulators exceeds 16"
     return None
 
@@ -80,13 +99,15 @@ SPACE = Space(
               "block size in warps; rows per block = 32 * wpb / tpr * rpg"),
         Param("rows_per_group", (1, 2, 4), "rpg", "rows each thread group computes, sharing each x load"),
         Param("unroll", (1, 2, 4), "u", "packs of A in flight per thread and row"),
-        Param("x_path", ("ldg", "smem"), "x",
-              "x through the read-only cache (converted per use), or staged in shared memory as fp32 once per block"),
+        Param("x_path", ("ldg", "smem", "mma"), "x",
+              "x through the read-only cache (converted per use), staged in shared memory as fp32 once per "
+              "block, or mma: tensor cores (mma.sync m16n8k16, fp32 accumulation), a row group of warps "
+              "computes 16*rows_per_group rows x 8 vectors, x read per lane as the B fragment"),
         Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
         Param("batch_tile", (1, 2, 4, 8), "bt",
               "vectors per launch: each loaded weight feeds batch_tile dot products from registers"),
     ),
-    constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _values_fit_registers),
+    constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers),
 )
 
 
@@ -102,6 +123,9 @@ class Hgemv(Family):
     template = "hgemv.cu.j2"
     selftest_template = "export/selftest_hgemv.cu.j2"
     api = "hgemv"
+    # The template's `pdl` variable (render(..., pdl=True)), as sgemv's: each thread loads its
+    # first chunk of A into registers, then griddepcontrol.wait, then reads x (and y).
+    pdl_capable = True
     dims = ("m", "n", "batch")
     dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
     export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
@@ -122,15 +146,26 @@ class Hgemv(Family):
         return TOLERANCES[problem.dtype]
 
     def default_config(self, problem: Problem | None = None) -> Config:
-        """Untuned, a batch of b vectors is served in one launch: the batch tile that covers it."""
+        """Untuned, a batch of b vectors is served in one launch: the batch tile that covers it.
+        Batch 1 on rows of >= 1024 columns keeps 4 packs per thread in flight (unroll=4: 52
+        registers, one wave of 4096 rows on 132 SMs with 62 KiB requested per SM, where unroll=2
+        had 31 KiB, short of what HBM3e needs in flight). Batches of 2 and more use the tensor
+        cores (x_path=mma): one 16-row tile per row group of 4 warps splitting the columns, 4
+        steps of 32 columns in flight (84 registers); the CUDA-core form spends 8 FMAs and 8
+        conversions per weight at batch 8 and needed 146-168 registers."""
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
+            if problem["batch"] == 1 and problem["n"] >= 1024:
+                params["unroll"] = 4
+            elif problem["batch"] > 1:
+                params.update(x_path="mma", threads_per_row=128, warps_per_block=4, rows_per_group=1, unroll=4)
         return self.space.check(params)
 
     # --- geometry -------------------------------------------------------------------------
     def rows_per_block(self, config: Config) -> int:
-        return rows_per_block(config)
+        """sgemv's geometry; with x_path=mma a row group computes 16-row tiles (16 * rows_per_group rows)."""
+        return rows_per_block(config) * (16 if config["x_path"] == "mma" else 1)
 
     def launch(self, problem: Problem, config: Config) -> Launch:
         rows = self.rows_per_block(config)
@@ -157,8 +192,11 @@ class Hgemv(Family):
                 np.int32(problem["batch"]), np.int32(0), np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
-        reason = overshoot_reason(problem["n"], config["threads_per_row"], config["pack_width"],
-                                  config["unroll"], "pack_width")
+        if config["x_path"] == "mma":  # a row group of tpr lanes covers tpr columns per step
+            reason = overshoot_reason(problem["n"], config["threads_per_row"], 1, config["unroll"], "1 (mma)")
+        else:
+            reason = overshoot_reason(problem["n"], config["threads_per_row"], config["pack_width"],
+                                      config["unroll"], "pack_width")
         if reason:
             return reason
         wanted = batch_tile_for(problem["batch"])
