@@ -49,28 +49,73 @@ def test_problem_keys_and_defaults():
 
 
 def test_space_and_constraints():
-    assert FAMILY.space.size() == 675
+    assert FAMILY.space.size() == 1158
     modes = {c["mode"] for c in FAMILY.space.enumerate()}
     assert modes == {"lookback", "two_pass", "block", "warp", "thread"}
     for point in FAMILY.space.enumerate():
         assert point["block_size"] * point["blocks_per_sm"] <= 2048
-        assert point["items_per_thread"] <= {1024: 8, 512: 16}.get(point["block_size"], 32)
+        limit = {1024: 8, 512: 16}.get(point["block_size"], 32)
+        assert point["items_per_thread"] <= limit
+        if point["blocks_per_sm"] and point["mode"] in ("lookback", "block"):
+            assert 2 * point["items_per_thread"] <= limit  # pipelined: two tiles of words
+        if point["scatter"] == "shared":
+            assert point["mode"] not in ("warp", "thread")
+            assert 4 * point["block_size"] * point["items_per_thread"] <= 32 * 1024
+        assert point["mode"] != "two_pass" or point["blocks_per_sm"] >= 1
     assert FAMILY.default_params["mode"] in ORDERED_MODES  # the default serves both orders
+
+
+def test_defaults_are_the_single_pass_kernels():
+    ordered = FAMILY.problem(n=2**24, order="ordered")
+    unordered = FAMILY.problem(n=2**24, order="unordered")
+    first = FAMILY.default_config(ordered)
+    assert first["mode"] == "lookback" and first["blocks_per_sm"] == 0 and first["scatter"] == "shared"
+    assert first["vector_width"] == 4
+    assert FAMILY.default_config(unordered).as_dict() == {**first.as_dict(), "mode": "block"}
+    assert FAMILY.default_config().as_dict() == first.as_dict()
+    for problem in (ordered, unordered):
+        assert FAMILY.reject_reason(problem, FAMILY.default_config(problem)) is None
+    for param in ("mode", "blocks_per_sm", "scatter"):  # the state of the art is each one's first choice
+        assert FAMILY.space.param(param).choices[0] == first[param]
+
+
+def test_reject_reasons():
+    big = FAMILY.problem(n=2**24, order="unordered")
+    # Same-address atomics: thread mode on all but small n, warp mode at 4 items.
+    assert "atomics" in FAMILY.reject_reason(big, config(mode="thread", scatter="direct"))
+    assert "atomics" in FAMILY.reject_reason(big, config(mode="warp", scatter="direct", items_per_thread=4))
+    assert FAMILY.reject_reason(big, config(mode="warp", scatter="direct", items_per_thread=8)) is None
+    assert FAMILY.reject_reason(big, config(mode="block", items_per_thread=4, block_size=128)) is None
+    small = FAMILY.problem(n=20_000, order="unordered")
+    assert FAMILY.reject_reason(small, config(mode="thread", scatter="direct", items_per_thread=8)) is None
+    # A persistent grid that holds every tile at once is the one-block-per-tile launch again.
+    mid = FAMILY.problem(n=2**20, order="ordered")  # 256 tiles of 4096
+    assert "same launch" in FAMILY.reject_reason(mid, config(blocks_per_sm=2))
+    assert FAMILY.reject_reason(mid, config(blocks_per_sm=2, mode="two_pass")) is None
+    assert FAMILY.reject_reason(FAMILY.problem(n=2**24), config(blocks_per_sm=2)) is None
+    # Constraints of the space.
+    assert "duplicate" in FAMILY.space.violations({**FAMILY.default_params, "mode": "warp"})[0]
+    assert "blocks_per_sm >= 1" in FAMILY.space.violations({**FAMILY.default_params, "mode": "two_pass"})[0]
+    assert "pipelined" in FAMILY.space.violations({**FAMILY.default_params, "block_size": 512,
+                                                   "blocks_per_sm": 2, "scatter": "direct"})[0]
 
 
 def test_unordered_modes_are_pruned_and_refused_on_ordered_problems():
     ordered = FAMILY.problem(n=100_000, order="ordered")
     unordered = FAMILY.problem(n=100_000, order="unordered")
     for mode in ("block", "warp", "thread"):
-        assert "order" in FAMILY.reject_reason(ordered, config(mode=mode))
-        assert FAMILY.reject_reason(unordered, config(mode=mode)) is None
+        scatter = "shared" if mode == "block" else "direct"
+        assert "order" in FAMILY.reject_reason(ordered, config(mode=mode, scatter=scatter))
+        assert FAMILY.reject_reason(unordered, config(mode=mode, scatter=scatter, items_per_thread=32,
+                                                      block_size=128)) is None
         # A warm-start seed skips pruning: the launch itself refuses.
-        steps = FAMILY.plan(ordered, config(mode=mode))
+        steps = FAMILY.plan(ordered, config(mode=mode, scatter=scatter))
         with pytest.raises(InvalidConfigError, match="unordered"):
             steps[-1].args({})
     for mode in ORDERED_MODES:
-        assert FAMILY.reject_reason(ordered, config(mode=mode)) is None
-        assert FAMILY.reject_reason(unordered, config(mode=mode)) is None
+        bps = 0 if mode == "lookback" else 1
+        assert FAMILY.reject_reason(ordered, config(mode=mode, blocks_per_sm=bps)) is None
+        assert FAMILY.reject_reason(unordered, config(mode=mode, blocks_per_sm=bps)) is None
 
 
 def test_plans_of_each_mode():
@@ -84,6 +129,7 @@ def test_plans_of_each_mode():
     steps = FAMILY.plan(problem, c)
     assert [s.suffix for s in steps] == ["_init", ""]
     assert steps[1].launch.grid == (132 * 4, 1, 1)
+    assert FAMILY.plan(problem, config(mode="lookback"))[1].launch.grid == (tiles, 1, 1)  # one block per tile
     init_args = steps[0].args(inputs)
     assert init_args[1] == tiles and init_args[4] == 0  # status words reset; count is written, not zeroed
     main_args = steps[1].args(inputs)
@@ -91,7 +137,7 @@ def test_plans_of_each_mode():
     steps = FAMILY.plan(problem, config(mode="two_pass", blocks_per_sm=2))
     assert [s.suffix for s in steps] == ["", "_scan", "_scatter"]
     assert steps[1].launch.grid == (1, 1, 1) and steps[1].args(inputs)[1] == 132 * 2
-    steps = FAMILY.plan(problem, config(mode="warp"))
+    steps = FAMILY.plan(problem, config(mode="warp", scatter="direct"))
     assert [s.suffix for s in steps] == ["_init", ""] and steps[0].args(inputs)[4] == 1  # count zeroed
     # Never past the workspace.
     small = dict(inputs, status=inputs["status"][:10])
@@ -102,7 +148,8 @@ def test_plans_of_each_mode():
 def test_grid_never_exceeds_tiles():
     problem = FAMILY.problem(n=1000)
     assert FAMILY.launch(problem, config(block_size=128, items_per_thread=4)).grid == (2, 1, 1)
-    assert "spans" in FAMILY.reject_reason(problem, config(block_size=1024, items_per_thread=8, blocks_per_sm=2))
+    assert FAMILY.launch(problem, config(block_size=128, items_per_thread=4, blocks_per_sm=8)).grid == (2, 1, 1)
+    assert "spans" in FAMILY.reject_reason(problem, config(block_size=1024, items_per_thread=8, blocks_per_sm=0))
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
@@ -232,8 +279,8 @@ int main(int argc, char** argv)
 def hook(tmp_path_factory):
     root = tmp_path_factory.mktemp("copy_if_hook")
     tuned = {"int32": [((4096,), dict(FAMILY.default_params)),
-                       ((2**20,), {**FAMILY.default_params, "mode": "two_pass"})],
-             "float32": [((4096,), {**FAMILY.default_params, "mode": "warp"})]}
+                       ((2**20,), {**FAMILY.default_params, "mode": "two_pass", "blocks_per_sm": 4})],
+             "float32": [((4096,), {**FAMILY.default_params, "mode": "warp", "scatter": "direct"})]}
     files = export_with_defaults("copy_if", root / "out", tuned)
     return build_harness(root / "out", "copy_if", HARNESS, root), files
 
