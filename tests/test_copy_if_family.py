@@ -339,3 +339,102 @@ def test_hook_compare_checks_count_order_and_poison(hook, dtype):
     poison = np.array([np.nan if dtype == "float32" else -2**31], dtype=dtype)[0]
     error, why, _ = verdict([5, 1, poison, 3])
     assert error == math.inf and "differ" in why
+
+
+# -- a NumPy model of the kernel's arithmetic ------------------------------------------------------
+
+AGGREGATE, PREFIX = 1 << 32, 2 << 32
+
+
+def _tile_places(x, threshold, tile, n, bs, vw, ipt):
+    """The template's per-tile arithmetic: item j = l * vw + k of thread t is element
+    tile * TILE + (l * bs + t) * vw + k; warp_ranks (ballots per item slot), the per-(row, warp)
+    segments scanned exclusively (scan_segments), then store_rows' running place. Returns
+    (element indices, their places in the tile, the tile's total)."""
+    rows, warps, size = ipt // vw, bs // 32, bs * ipt
+    base = tile * size
+    t = np.arange(bs)
+    idx = base + ((np.arange(rows)[:, None, None] * bs + t[None, :, None]) * vw + np.arange(vw)[None, None, :])
+    flags = (idx < n) & (x[np.minimum(idx, n - 1)] > threshold)  # (rows, bs, vw)
+    per_thread = flags.sum(axis=2)  # the popc of each lane's votes in a row
+    lane_rank = np.zeros_like(per_thread)
+    seg_count = np.zeros((rows, warps), dtype=np.int64)
+    for w in range(warps):
+        lanes = per_thread[:, w * 32:(w + 1) * 32]
+        lane_rank[:, w * 32:(w + 1) * 32] = np.cumsum(lanes, axis=1) - lanes  # popc(votes & lanemask_lt)
+        seg_count[:, w] = lanes.sum(axis=1)
+    segments = seg_count.reshape(-1)  # segment l * WARPS + warp
+    offset = (np.cumsum(segments) - segments).reshape(rows, warps)
+    places, elements = [], []
+    for l in range(rows):
+        for thread in range(bs):
+            at = offset[l, thread // 32] + lane_rank[l, thread]
+            for k in range(vw):
+                if flags[l, thread, k]:
+                    places.append(at)
+                    elements.append(idx[l, thread, k])
+                    at += 1
+    return np.array(elements, dtype=np.int64), np.array(places, dtype=np.int64), int(segments.sum())
+
+
+def _look_back(status, tile, total):
+    """look_back's window arithmetic, one warp of 32 lanes: lane 0 nearest; stop at the nearest
+    PREFIX (__ffs of the ballot); before tile 0 reads as a PREFIX of 0. Asserts every status it
+    reads is published (the kernel spins until then)."""
+    if tile == 0:
+        return 0
+    exclusive, end = 0, tile - 1
+    while True:
+        words = []
+        for lane in range(32):
+            i = end - lane
+            word = status[i] if i >= 0 else PREFIX
+            assert word >> 32 != 0, "looked at an unpublished tile"
+            words.append(word)
+        prefixes = [w >> 32 == 2 for w in words]
+        stop = prefixes.index(True) if any(prefixes) else 31
+        exclusive += sum(w & 0xFFFFFFFF for w in words[:stop + 1])
+        if any(prefixes):
+            return exclusive
+        end -= 32
+
+
+def _model(x, threshold, bs, vw, ipt, rng):
+    """The lookback kernel run tile by tile with the PREFIX words published late and out of order
+    (the AGGREGATE before any look-back, as the kernel does): the output and the count."""
+    n, size = x.size, bs * ipt
+    tiles = -(-n // size)
+    status = [0] * tiles
+    late = []
+    out = np.full(n, INT_POISON, dtype=x.dtype)
+    count = None
+    for tile in range(tiles):  # ticket order
+        elements, places, total = _tile_places(x, threshold, tile, n, bs, vw, ipt)
+        status[tile] = (AGGREGATE if tile else PREFIX) | total  # tile 0 publishes its prefix at once
+        start = _look_back(status, tile, total)
+        if tile:
+            late.append((tile, PREFIX | (start + total)))
+        rng.shuffle(late)
+        for _ in range(int(rng.integers(0, len(late) + 1))):  # some inclusive prefixes become visible
+            i, word = late.pop()
+            status[i] = word
+        assert sorted(places.tolist()) == list(range(total))  # a permutation of the tile's places
+        out[start + places] = x[elements]
+        if tile == tiles - 1:
+            count = start + total
+    return out, count
+
+
+@pytest.mark.parametrize("n", [1, 31, 513, 4097, 70_001])
+@pytest.mark.parametrize("bs, vw, ipt", [(128, 4, 4), (64 * 2, 2, 8), (256, 1, 4), (32 * 4, 4, 16)])
+@pytest.mark.parametrize("fraction", [0.0, 0.01, 0.5, 1.0])
+def test_numpy_model_of_ranks_and_look_back(n, bs, vw, ipt, fraction):
+    rng = np.random.default_rng(n + bs + vw + ipt)
+    x = rng.integers(0, 1000, n).astype(np.int32)
+    threshold = 999 if fraction == 0.0 else -1 if fraction == 1.0 else int(999 - round(fraction * 1000))
+    if n > 5000 and (bs, vw, ipt) != (128, 4, 4):
+        pytest.skip("one configuration at the largest n keeps the test short")
+    out, count = _model(x, threshold, bs, vw, ipt, rng)
+    want = x[x > threshold]
+    assert count == want.size
+    np.testing.assert_array_equal(out[:count], want)
