@@ -49,28 +49,73 @@ def test_problem_keys_and_defaults():
 
 
 def test_space_and_constraints():
-    assert FAMILY.space.size() == 675
+    assert FAMILY.space.size() == 1158
     modes = {c["mode"] for c in FAMILY.space.enumerate()}
     assert modes == {"lookback", "two_pass", "block", "warp", "thread"}
     for point in FAMILY.space.enumerate():
         assert point["block_size"] * point["blocks_per_sm"] <= 2048
-        assert point["items_per_thread"] <= {1024: 8, 512: 16}.get(point["block_size"], 32)
+        limit = {1024: 8, 512: 16}.get(point["block_size"], 32)
+        assert point["items_per_thread"] <= limit
+        if point["blocks_per_sm"] and point["mode"] in ("lookback", "block"):
+            assert 2 * point["items_per_thread"] <= limit  # pipelined: two tiles of words
+        if point["scatter"] == "shared":
+            assert point["mode"] not in ("warp", "thread")
+            assert 4 * point["block_size"] * point["items_per_thread"] <= 32 * 1024
+        assert point["mode"] != "two_pass" or point["blocks_per_sm"] >= 1
     assert FAMILY.default_params["mode"] in ORDERED_MODES  # the default serves both orders
+
+
+def test_defaults_are_the_single_pass_kernels():
+    ordered = FAMILY.problem(n=2**24, order="ordered")
+    unordered = FAMILY.problem(n=2**24, order="unordered")
+    first = FAMILY.default_config(ordered)
+    assert first["mode"] == "lookback" and first["blocks_per_sm"] == 0 and first["scatter"] == "shared"
+    assert first["vector_width"] == 4
+    assert FAMILY.default_config(unordered).as_dict() == {**first.as_dict(), "mode": "block"}
+    assert FAMILY.default_config().as_dict() == first.as_dict()
+    for problem in (ordered, unordered):
+        assert FAMILY.reject_reason(problem, FAMILY.default_config(problem)) is None
+    for param in ("mode", "blocks_per_sm", "scatter"):  # the state of the art is each one's first choice
+        assert FAMILY.space.param(param).choices[0] == first[param]
+
+
+def test_reject_reasons():
+    big = FAMILY.problem(n=2**24, order="unordered")
+    # Same-address atomics: thread mode on all but small n, warp mode at 4 items.
+    assert "atomics" in FAMILY.reject_reason(big, config(mode="thread", scatter="direct"))
+    assert "atomics" in FAMILY.reject_reason(big, config(mode="warp", scatter="direct", items_per_thread=4))
+    assert FAMILY.reject_reason(big, config(mode="warp", scatter="direct", items_per_thread=8)) is None
+    assert FAMILY.reject_reason(big, config(mode="block", items_per_thread=4, block_size=128)) is None
+    small = FAMILY.problem(n=20_000, order="unordered")
+    assert FAMILY.reject_reason(small, config(mode="thread", scatter="direct", items_per_thread=8)) is None
+    # A persistent grid that holds every tile at once is the one-block-per-tile launch again.
+    mid = FAMILY.problem(n=2**20, order="ordered")  # 256 tiles of 4096
+    assert "same launch" in FAMILY.reject_reason(mid, config(blocks_per_sm=2))
+    assert FAMILY.reject_reason(mid, config(blocks_per_sm=2, mode="two_pass")) is None
+    assert FAMILY.reject_reason(FAMILY.problem(n=2**24), config(blocks_per_sm=2)) is None
+    # Constraints of the space.
+    assert "duplicate" in FAMILY.space.violations({**FAMILY.default_params, "mode": "warp"})[0]
+    assert "blocks_per_sm >= 1" in FAMILY.space.violations({**FAMILY.default_params, "mode": "two_pass"})[0]
+    assert "pipelined" in FAMILY.space.violations({**FAMILY.default_params, "block_size": 512,
+                                                   "blocks_per_sm": 2, "scatter": "direct"})[0]
 
 
 def test_unordered_modes_are_pruned_and_refused_on_ordered_problems():
     ordered = FAMILY.problem(n=100_000, order="ordered")
     unordered = FAMILY.problem(n=100_000, order="unordered")
     for mode in ("block", "warp", "thread"):
-        assert "order" in FAMILY.reject_reason(ordered, config(mode=mode))
-        assert FAMILY.reject_reason(unordered, config(mode=mode)) is None
+        scatter = "shared" if mode == "block" else "direct"
+        assert "order" in FAMILY.reject_reason(ordered, config(mode=mode, scatter=scatter))
+        assert FAMILY.reject_reason(unordered, config(mode=mode, scatter=scatter, items_per_thread=32,
+                                                      block_size=128)) is None
         # A warm-start seed skips pruning: the launch itself refuses.
-        steps = FAMILY.plan(ordered, config(mode=mode))
+        steps = FAMILY.plan(ordered, config(mode=mode, scatter=scatter))
         with pytest.raises(InvalidConfigError, match="unordered"):
             steps[-1].args({})
     for mode in ORDERED_MODES:
-        assert FAMILY.reject_reason(ordered, config(mode=mode)) is None
-        assert FAMILY.reject_reason(unordered, config(mode=mode)) is None
+        bps = 0 if mode == "lookback" else 1
+        assert FAMILY.reject_reason(ordered, config(mode=mode, blocks_per_sm=bps)) is None
+        assert FAMILY.reject_reason(unordered, config(mode=mode, blocks_per_sm=bps)) is None
 
 
 def test_plans_of_each_mode():
@@ -84,6 +129,7 @@ def test_plans_of_each_mode():
     steps = FAMILY.plan(problem, c)
     assert [s.suffix for s in steps] == ["_init", ""]
     assert steps[1].launch.grid == (132 * 4, 1, 1)
+    assert FAMILY.plan(problem, config(mode="lookback"))[1].launch.grid == (tiles, 1, 1)  # one block per tile
     init_args = steps[0].args(inputs)
     assert init_args[1] == tiles and init_args[4] == 0  # status words reset; count is written, not zeroed
     main_args = steps[1].args(inputs)
@@ -91,7 +137,7 @@ def test_plans_of_each_mode():
     steps = FAMILY.plan(problem, config(mode="two_pass", blocks_per_sm=2))
     assert [s.suffix for s in steps] == ["", "_scan", "_scatter"]
     assert steps[1].launch.grid == (1, 1, 1) and steps[1].args(inputs)[1] == 132 * 2
-    steps = FAMILY.plan(problem, config(mode="warp"))
+    steps = FAMILY.plan(problem, config(mode="warp", scatter="direct"))
     assert [s.suffix for s in steps] == ["_init", ""] and steps[0].args(inputs)[4] == 1  # count zeroed
     # Never past the workspace.
     small = dict(inputs, status=inputs["status"][:10])
@@ -102,7 +148,8 @@ def test_plans_of_each_mode():
 def test_grid_never_exceeds_tiles():
     problem = FAMILY.problem(n=1000)
     assert FAMILY.launch(problem, config(block_size=128, items_per_thread=4)).grid == (2, 1, 1)
-    assert "spans" in FAMILY.reject_reason(problem, config(block_size=1024, items_per_thread=8, blocks_per_sm=2))
+    assert FAMILY.launch(problem, config(block_size=128, items_per_thread=4, blocks_per_sm=8)).grid == (2, 1, 1)
+    assert "spans" in FAMILY.reject_reason(problem, config(block_size=1024, items_per_thread=8, blocks_per_sm=0))
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float32"])
@@ -232,8 +279,8 @@ int main(int argc, char** argv)
 def hook(tmp_path_factory):
     root = tmp_path_factory.mktemp("copy_if_hook")
     tuned = {"int32": [((4096,), dict(FAMILY.default_params)),
-                       ((2**20,), {**FAMILY.default_params, "mode": "two_pass"})],
-             "float32": [((4096,), {**FAMILY.default_params, "mode": "warp"})]}
+                       ((2**20,), {**FAMILY.default_params, "mode": "two_pass", "blocks_per_sm": 4})],
+             "float32": [((4096,), {**FAMILY.default_params, "mode": "warp", "scatter": "direct"})]}
     files = export_with_defaults("copy_if", root / "out", tuned)
     return build_harness(root / "out", "copy_if", HARNESS, root), files
 
@@ -292,3 +339,102 @@ def test_hook_compare_checks_count_order_and_poison(hook, dtype):
     poison = np.array([np.nan if dtype == "float32" else -2**31], dtype=dtype)[0]
     error, why, _ = verdict([5, 1, poison, 3])
     assert error == math.inf and "differ" in why
+
+
+# -- a NumPy model of the kernel's arithmetic ------------------------------------------------------
+
+AGGREGATE, PREFIX = 1 << 32, 2 << 32
+
+
+def _tile_places(x, threshold, tile, n, bs, vw, ipt):
+    """The template's per-tile arithmetic: item j = l * vw + k of thread t is element
+    tile * TILE + (l * bs + t) * vw + k; warp_ranks (ballots per item slot), the per-(row, warp)
+    segments scanned exclusively (scan_segments), then store_rows' running place. Returns
+    (element indices, their places in the tile, the tile's total)."""
+    rows, warps, size = ipt // vw, bs // 32, bs * ipt
+    base = tile * size
+    t = np.arange(bs)
+    idx = base + ((np.arange(rows)[:, None, None] * bs + t[None, :, None]) * vw + np.arange(vw)[None, None, :])
+    flags = (idx < n) & (x[np.minimum(idx, n - 1)] > threshold)  # (rows, bs, vw)
+    per_thread = flags.sum(axis=2)  # the popc of each lane's votes in a row
+    lane_rank = np.zeros_like(per_thread)
+    seg_count = np.zeros((rows, warps), dtype=np.int64)
+    for w in range(warps):
+        lanes = per_thread[:, w * 32:(w + 1) * 32]
+        lane_rank[:, w * 32:(w + 1) * 32] = np.cumsum(lanes, axis=1) - lanes  # popc(votes & lanemask_lt)
+        seg_count[:, w] = lanes.sum(axis=1)
+    segments = seg_count.reshape(-1)  # segment l * WARPS + warp
+    offset = (np.cumsum(segments) - segments).reshape(rows, warps)
+    places, elements = [], []
+    for l in range(rows):
+        for thread in range(bs):
+            at = offset[l, thread // 32] + lane_rank[l, thread]
+            for k in range(vw):
+                if flags[l, thread, k]:
+                    places.append(at)
+                    elements.append(idx[l, thread, k])
+                    at += 1
+    return np.array(elements, dtype=np.int64), np.array(places, dtype=np.int64), int(segments.sum())
+
+
+def _look_back(status, tile, total):
+    """look_back's window arithmetic, one warp of 32 lanes: lane 0 nearest; stop at the nearest
+    PREFIX (__ffs of the ballot); before tile 0 reads as a PREFIX of 0. Asserts every status it
+    reads is published (the kernel spins until then)."""
+    if tile == 0:
+        return 0
+    exclusive, end = 0, tile - 1
+    while True:
+        words = []
+        for lane in range(32):
+            i = end - lane
+            word = status[i] if i >= 0 else PREFIX
+            assert word >> 32 != 0, "looked at an unpublished tile"
+            words.append(word)
+        prefixes = [w >> 32 == 2 for w in words]
+        stop = prefixes.index(True) if any(prefixes) else 31
+        exclusive += sum(w & 0xFFFFFFFF for w in words[:stop + 1])
+        if any(prefixes):
+            return exclusive
+        end -= 32
+
+
+def _model(x, threshold, bs, vw, ipt, rng):
+    """The lookback kernel run tile by tile with the PREFIX words published late and out of order
+    (the AGGREGATE before any look-back, as the kernel does): the output and the count."""
+    n, size = x.size, bs * ipt
+    tiles = -(-n // size)
+    status = [0] * tiles
+    late = []
+    out = np.full(n, INT_POISON, dtype=x.dtype)
+    count = None
+    for tile in range(tiles):  # ticket order
+        elements, places, total = _tile_places(x, threshold, tile, n, bs, vw, ipt)
+        status[tile] = (AGGREGATE if tile else PREFIX) | total  # tile 0 publishes its prefix at once
+        start = _look_back(status, tile, total)
+        if tile:
+            late.append((tile, PREFIX | (start + total)))
+        rng.shuffle(late)
+        for _ in range(int(rng.integers(0, len(late) + 1))):  # some inclusive prefixes become visible
+            i, word = late.pop()
+            status[i] = word
+        assert sorted(places.tolist()) == list(range(total))  # a permutation of the tile's places
+        out[start + places] = x[elements]
+        if tile == tiles - 1:
+            count = start + total
+    return out, count
+
+
+@pytest.mark.parametrize("n", [1, 31, 513, 4097, 70_001])
+@pytest.mark.parametrize("bs, vw, ipt", [(128, 4, 4), (64 * 2, 2, 8), (256, 1, 4), (32 * 4, 4, 16)])
+@pytest.mark.parametrize("fraction", [0.0, 0.01, 0.5, 1.0])
+def test_numpy_model_of_ranks_and_look_back(n, bs, vw, ipt, fraction):
+    rng = np.random.default_rng(n + bs + vw + ipt)
+    x = rng.integers(0, 1000, n).astype(np.int32)
+    threshold = 999 if fraction == 0.0 else -1 if fraction == 1.0 else int(999 - round(fraction * 1000))
+    if n > 5000 and (bs, vw, ipt) != (128, 4, 4):
+        pytest.skip("one configuration at the largest n keeps the test short")
+    out, count = _model(x, threshold, bs, vw, ipt, rng)
+    want = x[x > threshold]
+    assert count == want.size
+    np.testing.assert_array_equal(out[:count], want)

@@ -136,9 +136,14 @@ def test_misaligned_inputs_and_repeated_launches():
 
     copy_if = get_family("copy_if")
     for dtype in ("int32", "float32"):
-        for mode in ("lookback", "two_pass", "block", "warp"):
+        # One block per tile, persistent pipelined blocks (several tiles each: 513 tiles), both
+        # scatters, two_pass, warp.
+        for mode, bps, scatter in (("lookback", 0, "shared"), ("lookback", 1, "direct"), ("lookback", 2, "shared"),
+                                   ("two_pass", 4, "shared"), ("block", 0, "direct"), ("block", 1, "shared"),
+                                   ("warp", 0, "direct")):
             problem = copy_if.problem(dtype, n=2**21 + 5, selectivity="p50", order="ordered" if mode in ("lookback", "two_pass") else "unordered")
-            config = copy_if.space.check({**copy_if.default_params, "mode": mode, "vector_width": 4})
+            config = copy_if.space.check({**copy_if.default_params, "mode": mode, "vector_width": 4,
+                                          "blocks_per_sm": bps, "scatter": scatter, "items_per_thread": 8 if bps else 16})
             kernel = copy_if.kernel_name(dtype, config)
             launch = _launcher(copy_if, problem, config, kernel, compile_cubin(render(copy_if, dtype, config), arch))
             inputs = copy_if.make_inputs(problem, cupy, _rng(), {"select": "p50"})
@@ -280,7 +285,7 @@ def test_export_selftest_builds_and_passes(tmp_path, family_name):
                            ((2**20, 4096), {**family.default_params, "aggregate": "warp", "copies": 2})]}
     else:
         tuned = {"int32": [((4096,), dict(family.default_params)),
-                           ((2**20,), {**family.default_params, "mode": "two_pass"})],
+                           ((2**20,), {**family.default_params, "mode": "two_pass", "blocks_per_sm": 4})],
                  "float32": [((2**20,), {**family.default_params, "mode": "block"})]}
     out = tmp_path / "export"
     export_with_defaults(family_name, out, tuned)

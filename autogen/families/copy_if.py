@@ -37,6 +37,7 @@ from .histogram import MAX_THREADS_PER_SM
 
 ORDERED_MODES = ("lookback", "two_pass")
 UNORDERED_MODES = ("block", "warp", "thread")
+PIPELINED_MODES = ("lookback", "block")  # persistent blocks load the next tile during the current one
 # Class -> the fraction tuning data selects; the boundaries of the classes.
 FRACTIONS = {"p01": 0.01, "p50": 0.5, "p99": 0.99}
 LOW, HIGH = 0.1, 0.9
@@ -45,6 +46,13 @@ INIT_BLOCKS_CAP = 1024
 INT_SPAN = 2**31  # int32 data is uniform over [-2^30, 2^30)
 INT_LOW = -2**30
 INT_POISON = -2**31  # never selected: INT_MIN > t is false for every int32 threshold t
+MAX_STAGE_BYTES = 32 * 1024  # scatter=shared: the staged tile in static shared memory (48 KiB at most)
+# Same-address atomics on one counter are served one after another at L2 (the order of one per
+# nanosecond): a variant whose launch needs more than max(ATOMICS_FLOOR, n / ATOMICS_PER_ELEMENTS)
+# of them would spend longer queueing on the counter than reading x (~1 KiB per ns), so it is
+# pruned: mode=thread (n / items_per_thread atomics) on all but small n, warp at 4 items.
+ATOMICS_FLOOR = 4096
+ATOMICS_PER_ELEMENTS = 256
 
 
 def selectivity_class(text: str) -> str:
@@ -75,24 +83,58 @@ def _one_wave(p) -> str | None:
 
 
 def _items_fit_registers(p) -> str | None:
-    # 64 registers per thread at 1024 threads (128 at 512): the items and their row ranks.
+    # 64 registers per thread at 1024 threads (128 at 512): the items and their row ranks (and,
+    # in the pipelined persistent modes, the next tile's items too).
     limit = {1024: 8, 512: 16}.get(p["block_size"], 32)
     if p["items_per_thread"] > limit:
         return f"items_per_thread > {limit} does not fit the registers at block_size={p['block_size']}"
+    if p["blocks_per_sm"] > 0 and p["mode"] in PIPELINED_MODES and 2 * p["items_per_thread"] > limit:
+        # Two tiles' words live at once (nvcc: bs512 ipt16 spills; bs256 ipt32 takes 215
+        # registers, one block per SM).
+        return (f"pipelined persistent {p['mode']} holds 2 x items_per_thread words: > {limit} at "
+                f"block_size={p['block_size']}")
+    return None
+
+
+def _staging_fits(p) -> str | None:
+    if p["scatter"] != "shared":
+        return None
+    if p["mode"] in ("warp", "thread"):
+        # Their warps never meet at a barrier (no block-wide tile order to stage): the same
+        # kernel as scatter=direct under another name.
+        return f"mode={p['mode']} stores from registers (scatter=shared would be a duplicate)"
+    if 4 * p["block_size"] * p["items_per_thread"] > MAX_STAGE_BYTES:
+        return (f"a staged tile of {p['block_size'] * p['items_per_thread']} words exceeds "
+                f"{MAX_STAGE_BYTES // 1024} KiB of shared memory")
+    return None
+
+
+def _two_pass_grid(p) -> str | None:
+    # Its middle step scans one count per block in ONE block: a grid of one block per tile
+    # (up to millions) would make that scan the bottleneck; two_pass needs a persistent grid.
+    if p["mode"] == "two_pass" and p["blocks_per_sm"] == 0:
+        return "two_pass scans one count per block in one block: it needs blocks_per_sm >= 1"
     return None
 
 
 SPACE = Space(
     params=(
+        # The first choice of each parameter is the state of the art for its order: lookback
+        # (ordered) and block (unordered); the default picks them.
         Param("mode", ORDERED_MODES + UNORDERED_MODES, "m",
               "ordered: single-pass decoupled look-back, or reduce-then-scan in two passes over x; "
               "unordered: one global atomic per block, per warp (ballot + popc) or per thread and tile"),
         Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
         Param("vector_width", (1, 2, 4), "vw", "elements per load (4: 16-byte loads)"),
         Param("items_per_thread", (4, 8, 16, 32), "ipt", "elements each thread holds per tile"),
-        Param("blocks_per_sm", (1, 2, 4, 8), "bps", "grid = min(tiles, SMs x blocks_per_sm); blocks loop over tiles"),
+        Param("blocks_per_sm", (0, 1, 2, 4, 8), "bps",
+              "0: one block per tile (as CUB); N: min(tiles, SMs x N) persistent blocks looping over tiles, "
+              "loading the next tile during the current one's look-back"),
+        Param("scatter", ("shared", "direct"), "sc",
+              "shared: stage the tile's selected elements in shared memory, then coalesced stores; "
+              "direct: store from registers"),
     ),
-    constraints=(_one_wave, _items_fit_registers),
+    constraints=(_one_wave, _items_fit_registers, _staging_fits, _two_pass_grid),
 )
 
 
@@ -106,9 +148,11 @@ class CopyIf(Family):
     traits = (SELECTIVITY, ORDER)
     dtypes = ("int32", "float32")
     space = SPACE
-    # Ordered, so that the default serves both orders.
+    # Ordered, so that the default serves both orders (default_config gives unordered problems
+    # the block-aggregated one-pass kernel). One block per 4096-element tile as CUB, 16-byte
+    # loads, staged coalesced stores.
     default_params = {"mode": "lookback", "block_size": 256, "vector_width": 4, "items_per_thread": 16,
-                      "blocks_per_sm": 4}
+                      "blocks_per_sm": 0, "scatter": "shared"}
     outputs = ("values", "count")
     c_params = "const int* x, int* values, int* count, int n, int threshold"
     tolerance = 1e-12  # compare() is exact (the count and every selected value): 0 or inf
@@ -127,13 +171,37 @@ class CopyIf(Family):
         return -(-problem["n"] // self.tile(config))
 
     def grid_blocks(self, problem: Problem, config: Config) -> int:
-        return max(1, min(self.tiles(problem, config), sm_count() * config["blocks_per_sm"]))
+        tiles = self.tiles(problem, config)
+        if config["blocks_per_sm"] == 0:
+            return max(1, tiles)  # one block per tile
+        return max(1, min(tiles, sm_count() * config["blocks_per_sm"]))
+
+    def default_config(self, problem: Problem | None = None) -> Config:
+        """The ordered default (it serves both orders); an unordered problem starts its search
+        from the same geometry in mode=block (one pass, one atomic per tile, no look-back)."""
+        config = self.space.check(self.default_params)
+        if problem is not None and problem["order"] == "unordered":
+            return self.space.check({**config.as_dict(), "mode": "block"})
+        return config
+
+    @staticmethod
+    def atomics(problem: Problem, config: Config) -> int:
+        """The most same-address atomics on count one launch of an unordered mode makes."""
+        n, mode = problem["n"], config["mode"]
+        if mode == "thread":
+            return -(-n // config["items_per_thread"])
+        if mode == "warp":
+            return -(-n // (32 * config["items_per_thread"]))
+        if mode == "block":
+            return -(-n // CopyIf.tile(config))
+        return 0
 
     def launch(self, problem: Problem, config: Config) -> Launch:
         return Launch(grid=(self.grid_blocks(problem, config), 1, 1), block=(config["block_size"], 1, 1))
 
     def workspace_sizes(self, problem: Problem) -> tuple[int, int]:
-        """(status words, block counts) for the largest tile count and grid of the space."""
+        """(status words, block counts) for the largest tile count of the space and the largest
+        grid of two_pass (the only mode with one count per block; always persistent)."""
         smallest_tile = min(SPACE.param("block_size").choices) * min(SPACE.param("items_per_thread").choices)
         most_tiles = -(-problem["n"] // smallest_tile)
         most_blocks = min(most_tiles, sm_count() * max(SPACE.param("blocks_per_sm").choices))
@@ -196,6 +264,16 @@ class CopyIf(Family):
         n, tile = problem["n"], self.tile(config)
         if tile > 2 * max(n, 128) and (config["items_per_thread"] > 4 or config["block_size"] > 128):
             return f"a tile of {tile} elements spans over twice n={n}"
+        atomics = self.atomics(problem, config)
+        if atomics > max(ATOMICS_FLOOR, n // ATOMICS_PER_ELEMENTS):
+            return (f"mode={config['mode']} makes up to {atomics} atomics on one counter for n={n} "
+                    f"(they serialise: more than max({ATOMICS_FLOOR}, n/{ATOMICS_PER_ELEMENTS}))")
+        if (config["blocks_per_sm"] > 0 and config["mode"] != "two_pass"
+                and self.tiles(problem, config) <= sm_count() * config["blocks_per_sm"]):
+            # Every block gets one tile: the launch of blocks_per_sm=0 (plus a wasted ticket)
+            # under another name. two_pass has no blocks_per_sm=0.
+            return (f"{self.tiles(problem, config)} tiles fit one wave of blocks_per_sm={config['blocks_per_sm']}: "
+                    f"the same launch as blocks_per_sm=0")
         return None
 
     # --- data -----------------------------------------------------------------------------
