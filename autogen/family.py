@@ -181,6 +181,12 @@ class Family:
         batch tile that covers the batch)."""
         return self.space.check(self.default_params)
 
+    def seed_configs(self, problem: Problem) -> list[Config]:
+        """Configs every search of `problem` measures first, best first, after the nearest tuned
+        shapes' winners: the default config, or a family's several strongest known ones for the
+        shape (sgemm's tile shapes with split-K fitted to it)."""
+        return [self.default_config(problem)]
+
     def distance(self, a: Problem, b: Problem) -> float:
         """How far apart two shapes are, for the nearest-tuned-shape fallback."""
         return shape_distance(a, b)

@@ -34,8 +34,11 @@ def starting_point(db: TuningDB, device: DeviceIdentity, family: Family, problem
 
 def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem, warm_start: bool) -> list[dict]:
     """Tried first: the winners of the nearest tuned shapes on this GPU (nearest first), then the
-    family's default, the baseline every search measures."""
-    default = [family.default_config(problem).as_dict()]
+    family's seed configs (its default, the baseline every search measures, first)."""
+    default = []
+    for config in family.seed_configs(problem):
+        if config.as_dict() not in default:
+            default.append(config.as_dict())
     if not warm_start:
         return default
     winners = db.winners(family=problem.family, gpu_name=device.name,
@@ -44,4 +47,5 @@ def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem
     ordered = nearest(problem, others, lambda w: problem_of_record(w.trial.family, w.trial.dtype, w.trial.shape_key))
     valid = [dict(w.trial.params) for w in ordered
              if isinstance(w.trial.params, dict) and not family.space.violations(w.trial.params)]
-    return valid[:NEAREST_SEEDS] + default
+    valid = valid[:NEAREST_SEEDS]
+    return valid + [params for params in default if params not in valid]

@@ -17,10 +17,8 @@ nearest tuned neighbour is done first (the tuner's warm start tries its winner f
 gets a few trials, the first of them the 4096^3 winner. --trials N overrides every shape's
 trial budget (the wall-clock limits still hold).
 
-Seeds: the tuner tries the nearest shapes' winners and the family's default_config (per shape:
-Sgemm.seed_configs()[0]) first. The seam has no hook for several family seeds yet; this script
-adds the rest of Sgemm.seed_configs to the tuner's seed list (wrapping autogen.warmstart.seeds,
-in this process only; --no-family-seeds leaves the tuner as it ships).
+Seeds: the tuner tries the nearest shapes' winners, then Sgemm.seed_configs (the strongest known
+configurations fitted to the shape) first.
 
 --cli-cold-start also times `autogen tune sgemm --m 4096 --n 4096 --k 4096` (default budget, 60
 trials) as a new user runs it: fresh process, empty kernel cache and database, limited to
@@ -186,33 +184,6 @@ def cold_cli_run(out: Path, timeout_s: float) -> dict:
             "under_2_min": wall < 120, "result": result}
 
 
-def install_family_seeds() -> None:
-    """The tuner's seeds (nearest winners, then family.default_config) followed by the rest of
-    the family's seed_configs, in this process: the hook the seam lacks (see the module doc)."""
-    from autogen import warmstart
-
-    if getattr(warmstart.seeds, "family_seeds", False):
-        return
-    original = warmstart.seeds
-
-    def seeds(db, device, family, problem, warm_start):
-        found = list(original(db, device, family, problem, warm_start))
-        more = getattr(family, "seed_configs", None)
-        if more is None:
-            return found
-        known = {tuple(sorted(p.items())) for p in found}
-        for config in more(problem):
-            params = config.as_dict()
-            key = tuple(sorted(params.items()))
-            if key not in known:
-                known.add(key)
-                found.append(params)
-        return found
-
-    seeds.family_seeds = True
-    warmstart.seeds = seeds
-
-
 def shape_limit(plan_s: float, deadline: float, later_shapes: int) -> float:
     """This shape's search limit: its plan, cut so that every later shape keeps MIN_SHAPE_S plus
     OVERHEAD_S of what is left before the deadline (at least MIN_SHAPE_S itself)."""
@@ -230,8 +201,6 @@ def main() -> int:
     parser.add_argument("--cli-cold-start", action="store_true",
                         help="also time the default `autogen tune sgemm` at 4096^3 from a cold cache")
     parser.add_argument("--cli-timeout-s", type=float, default=240.0, help="limit of --cli-cold-start (default 240)")
-    parser.add_argument("--no-family-seeds", action="store_true",
-                        help="seed with the tuner's own list only (nearest winners, default_config)")
     parser.add_argument("--shapes", help="only these, e.g. 4096x4096x4096,64x64x65536")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -243,8 +212,6 @@ def main() -> int:
     report: dict = {}
     if args.cli_cold_start:
         report["cli_cold_start"] = cold_cli_run(args.out, args.cli_timeout_s)
-    if not args.no_family_seeds:
-        install_family_seeds()
     started = time.monotonic()
     deadline = started + args.budget_s
     peak = fp32_peak_tflops()
@@ -286,7 +253,6 @@ def main() -> int:
     report["shapes"] = rows
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["budget_s"] = args.budget_s
-    report["family_seeds"] = not args.no_family_seeds
     square = [d for d in rows if d["winner"] and d["problem"]["shape"] in
               ({"m": 4096, "n": 4096, "k": 4096}, {"m": 8192, "n": 8192, "k": 8192})]
     others = [d for d in rows if d["winner"] and d not in square]

@@ -250,10 +250,7 @@ class Sgemm(Family):
         """The strongest known configurations adapted to this shape, best first: each of
         SEED_TEMPLATES with split-K raised until the blocks fill the GPU (where the tiles leave
         it under one wave), min_blocks=2 where that variant compiles, 16-byte stores without
-        split-K; those the shape pruning rejects are left out, duplicates once.
-
-        The seam seeds a search with one family config (default_config) after the nearest tuned
-        shapes' winners; these are the rest of the list, for the hook that takes several."""
+        split-K; those the shape pruning rejects are left out, duplicates once."""
         found: list[Config] = []
         ranked = []
         for order, template in enumerate(SEED_TEMPLATES):
