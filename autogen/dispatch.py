@@ -61,42 +61,39 @@ class TunedKernel:
         return result
 
     def __post_init__(self):
-        from .launch import PackedLaunch
-
-        # (CuPy Function, grid, block, args of the inputs, dynamic shared bytes) per step, as
-        # CuPy would launch them (scripts/bench_dispatch.py times those bare launches).
-        self._launches = tuple((function, step.launch.grid, step.launch.block, step.args, step.launch.shared_bytes)
-                               for function, step in self._steps)
-        # What a dispatched call runs: per step, its launcher and the args of the inputs.
-        # PackedLaunch packs the arguments for the driver itself (CuPy's call costs more host time
-        # than the rest of the call); the PDL variant goes through cuLaunchKernelEx.
-        launcher = _PdlFunction if self.pdl else PackedLaunch
-        self._launchers = tuple((launcher(function, grid, block, shared_bytes), args)
-                                for function, grid, block, args, shared_bytes in self._launches)
-        if len(self._launchers) == 1:
-            run, args = self._launchers[0]
+        # Flattened once: a dispatched call walks plain tuples, not attribute chains. Non-PDL
+        # steps launch through CuPy's own call, the cheapest launch Python has here (a ctypes or
+        # struct-packed cuLaunchKernel costs more host time: scripts/bench_dispatch.py times both).
+        launches = []
+        for function, step in self._steps:
+            if self.pdl:
+                function = _PdlFunction(function)
+            launches.append((function, step.launch.grid, step.launch.block, step.args, step.launch.shared_bytes))
+        self._launches = tuple(launches)
+        if len(self._launches) == 1:
+            function, grid, block, args, shared_bytes = self._launches[0]
 
             def launch(inputs: dict, stream=None) -> None:
-                run(args(inputs), stream)
+                function(grid, block, args(inputs), shared_bytes, stream)
 
             self.launch = launch  # one step: no loop, no tuple unpacking per call
 
     def launch(self, inputs: dict, stream=None) -> None:
-        for run, args in self._launchers:
-            run(args(inputs), stream)
+        for function, grid, block, args, shared_bytes in self._launches:
+            function(grid, block, args(inputs), shared_bytes, stream)
 
 
 class _PdlFunction:
     """A CuPy Function launched through cuLaunchKernelEx with programmatic stream serialization."""
 
-    def __init__(self, function, grid, block, shared_bytes: int = 0):
-        self.function, self.grid, self.block, self.shared_bytes = function, grid, block, shared_bytes
+    def __init__(self, function):
+        self.function = function
 
-    def __call__(self, args: tuple, stream=None) -> None:
+    def __call__(self, grid, block, args, shared_bytes=0, stream=None):
         from .launch import launch_ex
         cupy = _cupy()
         pointer = stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
-        launch_ex(self.function.ptr, self.grid, self.block, args, self.shared_bytes, pointer, pdl=True)
+        launch_ex(self.function.ptr, grid, block, args, shared_bytes, pointer, pdl=True)
 
 
 class Dispatcher:

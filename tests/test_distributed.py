@@ -200,7 +200,9 @@ def test_gpus_of_one_process_split_the_problems_then_the_trials(db_url):
 
 
 def test_one_problem_on_two_gpus_is_searched_by_both_and_retimed_on_one(db_url):
-    results, made = _multi(db_url, [PROBLEM], trials=30)
+    # Measurements slow enough (0.1 s) that a GPU whose worker starts late on a loaded machine
+    # still gets its share before the budget is spent.
+    results, made = _multi(db_url, [PROBLEM], trials=30, delay_s=0.1)
     (result,) = results
     assert sorted(result.gpus) == [0, 1] and result.measured + result.failed == 30
     assert all(len(b.evaluator.evaluated) >= 5 for b in made)  # both GPUs measured
