@@ -430,6 +430,11 @@ def device_array(cupy, obj, name: str, dtypes: tuple[str, ...], ndim: int, devic
     checked for dtype (names of autogen.dtypes; bfloat16 arrives as its uint16 bit patterns),
     rank, layout and device (the current one); errors name the argument."""
     if type(obj) is cupy.ndarray:
+        allowed = _DTYPE_OBJECTS.get(dtypes)
+        # The hot path of a dispatched call: every check passes, tested in one expression.
+        if (allowed is not None and obj.ndim == ndim and obj.dtype in allowed and obj._c_contiguous
+                and obj.data.device_id == device):
+            return obj
         array = obj
     elif hasattr(obj, "__cuda_array_interface__"):
         # torch describes bfloat16 as raw 2-byte items ("<V2"): hand over its bit patterns.
@@ -461,9 +466,14 @@ _NAME_OF_STORAGE = {np.dtype(d.storage): d.name for d in reversed(list(DTYPES.va
                     if d.storage != "uint16" or d.name == "bfloat16"}
 
 
-@functools.lru_cache(maxsize=None)
+_DTYPE_OBJECTS: dict[tuple[str, ...], tuple] = {}  # dtype names -> their storage dtype objects
+
+
 def _dtype_objects(dtypes: tuple[str, ...]) -> tuple:
-    return tuple(np.dtype(DTYPES[d].storage) for d in dtypes)
+    found = _DTYPE_OBJECTS.get(dtypes)
+    if found is None:
+        found = _DTYPE_OBJECTS[dtypes] = tuple(np.dtype(DTYPES[d].storage) for d in dtypes)
+    return found
 
 
 def _bits_if_bfloat16(obj):

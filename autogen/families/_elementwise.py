@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import numpy as np
 
+from ..family import device_array
 from ..problem import Config, Problem
 from ..gpu import resident_capacity
 from ..space import Param, Space
@@ -135,10 +137,6 @@ def flat_operand(cupy, obj, name: str, dtypes: tuple[str, ...], device: int, boo
     dtype, layout, device). A torch bfloat16 tensor is handed over as its uint16 bit patterns
     here (torch's __cuda_array_interface__ has no bfloat16); with bool_as_uint8, a bool array as
     its bytes (0 or 1)."""
-    import sys
-
-    from ..family import device_array
-
     if type(obj) is cupy.ndarray:  # the common case: no torch checks, no view when already flat
         if bool_as_uint8 and obj.dtype is _BOOL:
             obj = obj.view(cupy.uint8)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, to_float64, to_storage
 from ..errors import ArgumentError, UsageError
-from ..family import Family, Launch, Peer, Step, dtype_name, new_output, register
+from ..family import Family, Launch, Peer, Step, dtype_name, kernel_scalar, new_output, register
 from ..problem import Config, Problem
 from . import _elementwise as ew
 
@@ -55,10 +55,11 @@ class BiasMaskScaleAdd(Family):
         return Launch(grid=(ew.grid_blocks(problem["n"], config), 1, 1), block=(config["block_size"], 1, 1))
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
-        n, bias_size = np.int32(problem["n"]), np.int32(problem["bias_size"])
+        # Converted once (kernel_scalar): a dispatched call converts nothing on the hot path.
+        n, bias_size = kernel_scalar(problem["n"], np.int32), kernel_scalar(problem["bias_size"], np.int32)
 
         def args(inputs: dict) -> tuple:
-            return (inputs["x"], inputs["bias"], inputs["mask"], np.float32(inputs["scale"]), inputs["addend"],
+            return (inputs["x"], inputs["bias"], inputs["mask"], kernel_scalar(inputs["scale"]), inputs["addend"],
                     inputs["y"], n, bias_size)
 
         return [Step("", self.launch(problem, config), args)]

@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import ArgumentError, GpuUnavailableError, InvalidConfigError, UsageError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..family import (Family, Launch, Peer, Step, Trait, device_array, dtype_name, new_output, register,
+from ..family import (Family, Launch, Peer, Step, Trait, device_array, dtype_name, kernel_scalar, new_output, register,
                       stream_workspace)
 from ..gpu import sm_count
 from .histogram import MAX_THREADS_PER_SM
@@ -199,6 +199,7 @@ class CopyIf(Family):
     def launch(self, problem: Problem, config: Config) -> Launch:
         return Launch(grid=(self.grid_blocks(problem, config), 1, 1), block=(config["block_size"], 1, 1))
 
+    @functools.lru_cache(maxsize=1024)  # on every dispatched call: computed once per problem
     def workspace_sizes(self, problem: Problem) -> tuple[int, int]:
         """(status words, block counts) for the largest tile count of the space and the largest
         grid of two_pass (the only mode with one count per block; always persistent)."""
@@ -222,9 +223,14 @@ class CopyIf(Family):
     def _steps(self, problem: Problem, config: Config) -> list[Step]:
         mode = config["mode"]
         main = self.launch(problem, config)
-        n = np.int32(problem["n"])
+        # Scalars converted once (kernel_scalar): a dispatched call converts nothing on the hot path.
         tiles, blocks = self.tiles(problem, config), main.grid[0]
-        cast = np.int32 if problem.dtype == "int32" else np.float32
+        n, tiles_arg, blocks_arg = (kernel_scalar(v, np.int32) for v in (problem["n"], tiles, blocks))
+        zero, one = kernel_scalar(0, np.int32), kernel_scalar(1, np.int32)
+        kind = np.int32 if problem.dtype == "int32" else np.float32
+
+        def cast(threshold):
+            return kernel_scalar(threshold, kind)
 
         def sized(inputs: dict, name: str, need: int):
             buffer = inputs[name]
@@ -237,23 +243,23 @@ class CopyIf(Family):
                 Step("", main, lambda inputs: (inputs["x"], n, cast(inputs["threshold"]),
                                                sized(inputs, "block_counts", blocks))),
                 Step("_scan", Launch(grid=(1, 1, 1), block=(config["block_size"], 1, 1)),
-                     lambda inputs: (sized(inputs, "block_counts", blocks), np.int32(blocks), inputs["count"])),
+                     lambda inputs: (sized(inputs, "block_counts", blocks), blocks_arg, inputs["count"])),
                 Step("_scatter", main, lambda inputs: (inputs["x"], inputs["values"], n, cast(inputs["threshold"]),
                                                        sized(inputs, "block_counts", blocks))),
             ]
         if mode == "lookback":
             init = Launch(grid=(min(-(-tiles // INIT_BLOCK), INIT_BLOCKS_CAP), 1, 1), block=(INIT_BLOCK, 1, 1))
             return [
-                Step("_init", init, lambda inputs: (sized(inputs, "status", tiles), np.int32(tiles), inputs["ticket"],
-                                                    inputs["count"], np.int32(0))),
+                Step("_init", init, lambda inputs: (sized(inputs, "status", tiles), tiles_arg, inputs["ticket"],
+                                                    inputs["count"], zero)),
                 Step("", main, lambda inputs: (inputs["x"], inputs["values"], inputs["count"], n,
                                                cast(inputs["threshold"]), sized(inputs, "status", tiles),
                                                inputs["ticket"])),
             ]
         init = Launch(grid=(1, 1, 1), block=(INIT_BLOCK, 1, 1))
         return [
-            Step("_init", init, lambda inputs: (inputs["status"], np.int32(0), inputs["ticket"], inputs["count"],
-                                                np.int32(1))),
+            Step("_init", init, lambda inputs: (inputs["status"], zero, inputs["ticket"], inputs["count"],
+                                                one)),
             Step("", main, lambda inputs: (inputs["x"], inputs["values"], inputs["count"], n,
                                            cast(inputs["threshold"]))),
         ]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, to_float64, to_storage
 from ..errors import ArgumentError
-from ..family import Family, Launch, Peer, Step, Trait, dtype_name, new_output, register
+from ..family import Family, Launch, Peer, Step, Trait, dtype_name, kernel_scalar, new_output, register
 from ..problem import Config, Problem
 from . import _elementwise as ew
 
@@ -71,7 +71,8 @@ class Gelu(Family):
         return Launch(grid=(ew.grid_blocks(problem["n"], config), 1, 1), block=(config["block_size"], 1, 1))
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
-        n, form = np.int32(problem["n"]), np.int32(problem["approximate"] == "tanh")
+        # Converted once (kernel_scalar): a dispatched call converts nothing on the hot path.
+        n, form = kernel_scalar(problem["n"], np.int32), kernel_scalar(int(problem["approximate"] == "tanh"), np.int32)
 
         def args(inputs: dict) -> tuple:
             return (inputs["x"], inputs["y"], n, form)

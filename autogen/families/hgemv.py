@@ -21,7 +21,8 @@ from ..dtypes import DTYPES, to_float64, to_storage
 from ..errors import ArgumentError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, device_array, dtype_name, new_output, random_uniform, register
+from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar, new_output, random_uniform,
+                      register)
 from .sgemv import _reduce_only_across_warps, _row_fits_block, overshoot_reason, rows_per_block
 
 MAX_TILE = 8  # the largest batch_tile: LLM decode batches of 1 to 8 take one launch
@@ -178,13 +179,13 @@ class Hgemv(Family):
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         # Shape arguments are built once per plan, not on every dispatched call.
         launch = self.launch(problem, config)
-        m, n, batch = np.int32(problem["m"]), np.int32(problem["n"]), np.int32(problem["batch"])
+        m, n, batch = (kernel_scalar(problem[d], np.int32) for d in ("m", "n", "batch"))
 
-        def step(j0: np.int32) -> Step:
+        def step(j0) -> Step:
             return Step("", launch, lambda inputs: (inputs["A"], inputs["x"], inputs["y"], m, n, batch, j0,
-                                                    np.float32(inputs["alpha"]), np.float32(inputs["beta"])))
+                                                    kernel_scalar(inputs["alpha"]), kernel_scalar(inputs["beta"])))
 
-        return [step(np.int32(j0)) for j0 in self.tiles(problem, config)]
+        return [step(kernel_scalar(j0, np.int32)) for j0 in self.tiles(problem, config)]
 
     def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
         """The arguments of the first launch (vectors from 0)."""

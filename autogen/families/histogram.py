@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import ArgumentError, GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, Trait, device_array, new_output, register
+from ..family import Family, Launch, Peer, Step, Trait, device_array, kernel_scalar, new_output, register
 from ..gpu import sm_count
 
 MAX_THREADS_PER_SM = 2048
@@ -118,7 +118,7 @@ class Histogram(Family):
                       shared_bytes=self.shared_bytes(problem, config))
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
-        n, bins = np.int32(problem["n"]), np.int32(problem["bins"])
+        n, bins = kernel_scalar(problem["n"], np.int32), kernel_scalar(problem["bins"], np.int32)  # converted once
         init = Launch(grid=(min(-(-problem["bins"] // INIT_BLOCK), INIT_BLOCKS_CAP), 1, 1), block=(INIT_BLOCK, 1, 1))
         return [Step("_init", init, lambda inputs: (inputs["counts"], bins)),
                 Step("", self.launch(problem, config), lambda inputs: (inputs["x"], inputs["counts"], n, bins))]

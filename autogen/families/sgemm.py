@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import ArgumentError, UsageError
 from ..problem import Config, Problem
 from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, device_array, new_output, random_uniform, register
+from ..family import Family, Launch, Peer, Step, device_array, kernel_scalar, new_output, random_uniform, register
 from ..gpu import sm_count
 
 # Blocks of the split-K init kernel (256 threads, grid-stride); the template has the same figure.
@@ -305,17 +305,17 @@ class Sgemm(Family):
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         # The shape arguments are fixed per plan: built once, not on every dispatched call.
-        m, n, k = np.int32(problem["m"]), np.int32(problem["n"]), np.int32(problem["k"])
+        m, n, k = (kernel_scalar(problem[d], np.int32) for d in ("m", "n", "k"))
 
         def args(inputs: dict) -> tuple:
             return (inputs["A"], inputs["B"], inputs["C"], m, n, k,
-                    np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
+                    kernel_scalar(inputs["alpha"]), kernel_scalar(inputs["beta"]))
 
         main = Step("", self.launch(problem, config), args)
         if config["split_k"] == 1:
             return [main]
         init = Step("_init", self.init_launch(problem),
-                    lambda inputs: (inputs["C"], m, n, np.float32(inputs["beta"])))
+                    lambda inputs: (inputs["C"], m, n, kernel_scalar(inputs["beta"])))
         return [init, main]
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
