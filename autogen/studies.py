@@ -77,6 +77,20 @@ def storage(url: str) -> optuna.storages.BaseStorage:
         return _storages[url]
 
 
+def open_storage_soon(url: str) -> None:
+    """Open Optuna's storage on ``url`` (storage()) on a daemon thread, so that it overlaps what
+    the caller waits for (the GPU worker's CUDA context). On a new database that takes ~0.4 s of
+    the search's start: Optuna creates its tables and loads its alembic scripts. A failure here
+    is left for the search's own storage() call to raise."""
+    def open_() -> None:
+        try:
+            storage(url)
+        except Exception:
+            pass
+
+    threading.Thread(target=open_, name="autogen-optuna-storage", daemon=True).start()
+
+
 def _open_storage(url: str) -> optuna.storages.BaseStorage:
     parsed = make_url(url)
     sqlite = parsed.get_backend_name() == "sqlite"
