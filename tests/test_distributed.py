@@ -299,3 +299,32 @@ def test_batched_study_writes_are_optunas_trials(url):
     with pytest.raises(ValueError):  # as Optuna refuses a parameter whose choices changed
         studies.add_trials(rdb, batched._study_id, [stranger])
     assert len(rows("batched")) == len(templates)
+
+
+def test_a_worker_s_trials_reach_the_shared_study_in_batches(db_url):
+    """SharedStudy.record queues; the writer adds what is queued in one transaction, and close()
+    waits for it and counts the trials it could not write."""
+    from autogen.search import distributions, make_sampler
+
+    dists = distributions(SGEMV.space)
+    db = TuningDB(db_url)
+    shared = studies.SharedStudy(db, "batches", make_sampler("tpe", 0, dists), {}, dists, "me",
+                                 (DEVICE, "sgemv", "float32", PROBLEM.shape_key, "cold"))
+    seen, stop = _statements(studies.storage(db_url).engine)
+    configs = [c.as_dict() for c in list(SGEMV.space.enumerate())[:6]]
+    for i, params in enumerate(configs):
+        shared.record(params, dists, float(i + 1), {"kernel": f"k{i}", "status": "ok"})
+    assert shared.close() == 0
+    stop()
+    assert sum(s.startswith("BEGIN") for s in seen) <= 2  # not one transaction per trial
+    study = optuna.load_study(study_name="batches", storage=db_url)
+    assert [(t.params, t.value, t.user_attrs["worker"]) for t in study.trials] == [
+        (p, float(i + 1), "me") for i, p in enumerate(configs)]
+
+    other = studies.SharedStudy(db, "batches", make_sampler("tpe", 0, dists), {}, dists, "you",
+                                (DEVICE, "sgemv", "float32", PROBLEM.shape_key, "cold"))
+    changed = {**dists, "unroll": optuna.distributions.CategoricalDistribution((1, 3))}
+    other.record({**configs[0], "unroll": 3}, changed, 1.0, {"kernel": "x"})
+    other.record({**configs[0], "unroll": 3}, changed, 2.0, {"kernel": "y"})
+    assert other.close() == 2  # the batch failed as a whole: both counted, none written
+    assert len(optuna.load_study(study_name="batches", storage=db_url).trials) == len(configs)
