@@ -87,8 +87,8 @@ class SearchCounts:
     reused: int = 0
     taken_over: int = 0  # variants whose worker died, measured here instead
     evaluated: list = field(default_factory=list)  # kernel names evaluated by this loop, in order
-    # Seconds this loop's thread spent per part of the search (ask, prepare, claim, store,
-    # wait_gpu, study_close): where the search's wall time goes, reported as phases.
+    # Seconds this loop's thread spent per part of the search (study_open, ask, prepare, claim,
+    # store, wait_gpu, study_close): where the search's wall time goes, reported as phases.
     spent_s: collections.Counter = field(default_factory=collections.Counter)
 
     def add(self, other: "SearchCounts") -> None:
@@ -151,9 +151,10 @@ class SearchLoop:
         # Seeds are tried even where the shape would prune them: the default is the baseline.
         self.seed_keys = {_key(p) for p in self.start.seeds}
         self.dists = dists = distributions(space)
-        study = self.study = self.open_study()
-        study.add_known(self.start.measured, dists)
-        study.refresh()
+        with self._timed("study_open"):  # Optuna's storage: opened on a thread since Tuner.begin
+            study = self.study = self.open_study()
+            study.add_known(self.start.measured, dists)
+            study.refresh()
         self.local = study.local
         self.fixed = collections.deque(self.start.seeds + exhaustive)  # asked first, in order
         self.by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured

@@ -14,6 +14,7 @@ finished trials are written to the shared study (see SharedStudy), so none is ev
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import math
 import os
@@ -76,6 +77,20 @@ def storage(url: str) -> optuna.storages.BaseStorage:
         return _storages[url]
 
 
+def open_storage_soon(url: str) -> None:
+    """Open Optuna's storage on ``url`` (storage()) on a daemon thread, so that it overlaps what
+    the caller waits for (the GPU worker's CUDA context). On a new database that takes ~0.4 s of
+    the search's start: Optuna creates its tables and loads its alembic scripts. A failure here
+    is left for the search's own storage() call to raise."""
+    def open_() -> None:
+        try:
+            storage(url)
+        except Exception:
+            pass
+
+    threading.Thread(target=open_, name="autogen-optuna-storage", daemon=True).start()
+
+
 def _open_storage(url: str) -> optuna.storages.BaseStorage:
     parsed = make_url(url)
     sqlite = parsed.get_backend_name() == "sqlite"
@@ -130,6 +145,81 @@ def open_study(db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, at
     return study
 
 
+# How often a worker's writer thread adds its measured variants to the shared study (seconds);
+# the other workers read it every autogen.search.REFRESH_S.
+FLUSH_S = 0.5
+
+
+class StudyWriteError(Exception):
+    """A batch of ``trials`` finished trials could not be added to the shared study."""
+
+    def __init__(self, trials: int, cause: Exception):
+        super().__init__(f"{trials} trial(s): {type(cause).__name__}: {cause}")
+        self.trials = trials
+
+
+def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, check_params: bool = True) -> None:
+    """Add finished trials (optuna.trial.create_trial templates: params, values, user attrs) to
+    an RDB study in one transaction of a few statements, the rows Optuna's add_trial writes.
+
+    Optuna's RDBStorage.create_new_trial takes a transaction and ~35 ORM statements per trial
+    of seven parameters (each parameter is read back and checked against the study's earlier
+    ones). Here the study row is locked as Optuna locks it for a new trial (SQLite: the write
+    lock of BEGIN IMMEDIATE; PostgreSQL: SELECT ... FOR UPDATE), so each trial's number is the
+    count of the study's trials before it, as Optuna's count_past_trials gives; the rows
+    below a trial (value, params, user attributes) go in one executemany per table. The parameters'
+    distributions are compared with the study's stored ones (``check_params``; ValueError
+    when they differ, as Optuna raises), which a caller writing the same space again skips."""
+    from optuna.distributions import check_distribution_compatibility, distribution_to_json, json_to_distribution
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from sqlalchemy import func, insert, select
+
+    for template in templates:
+        if template.state != TrialState.COMPLETE or template.values is None or len(template.values) != 1:
+            raise ValueError("add_trials writes finished single-objective trials only")
+        if template.system_attrs or template.intermediate_values:
+            raise ValueError("add_trials writes no system attributes or intermediate values")
+    with _create_scoped_session(rdb.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        if check_params:
+            names = sorted({name for t in templates for name in t.params})
+            stored = session.execute(
+                select(models.TrialParamModel.param_name, func.min(models.TrialParamModel.distribution_json))
+                .join(models.TrialModel, models.TrialParamModel.trial_id == models.TrialModel.trial_id)
+                .where(models.TrialModel.study_id == study_id, models.TrialParamModel.param_name.in_(names))
+                .group_by(models.TrialParamModel.param_name)).all()
+            previous = {name: json_to_distribution(text) for name, text in stored}
+            for template in templates:
+                for name, distribution in template.distributions.items():
+                    if name in previous:
+                        check_distribution_compatibility(previous[name], distribution)
+        past = session.scalar(select(func.count(models.TrialModel.trial_id))
+                              .where(models.TrialModel.study_id == study_id))
+        # Inserted in this order under the study's lock, so ids rise with the numbers.
+        rows = [models.TrialModel(study_id=study_id, number=past + i, state=template.state,
+                                  datetime_start=template.datetime_start,
+                                  datetime_complete=template.datetime_complete)
+                for i, template in enumerate(templates)]
+        session.add_all(rows)
+        session.flush()  # the trial ids (one INSERT per trial)
+        values, params, attrs = [], [], []
+        for row, template in zip(rows, templates):
+            value, value_type = models.TrialValueModel.value_to_stored_repr(template.value)
+            values.append({"trial_id": row.trial_id, "objective": 0, "value": value, "value_type": value_type})
+            for name, param in template.params.items():
+                distribution = template.distributions[name]
+                params.append({"trial_id": row.trial_id, "param_name": name,
+                               "param_value": distribution.to_internal_repr(param),
+                               "distribution_json": distribution_to_json(distribution)})
+            attrs.extend({"trial_id": row.trial_id, "key": key, "value_json": json.dumps(attr)}
+                         for key, attr in template.user_attrs.items())
+        for model, batch in ((models.TrialValueModel, values), (models.TrialParamModel, params),
+                             (models.TrialUserAttributeModel, attrs)):
+            if batch:  # one executemany per table
+                session.execute(insert(model.__table__), batch)
+
+
 class SharedStudy:
     """A worker's view of a shared study: its sampler runs on a local in-memory mirror.
 
@@ -152,6 +242,12 @@ class SharedStudy:
         self._last_refresh = -math.inf
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-study")
         self._writes: list[concurrent.futures.Future] = []
+        # Measured variants waiting for the writer, written together (see record).
+        self._queue: list[optuna.trial.FrozenTrial] = []
+        self._queue_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._last_flush = -math.inf
+        self._checked_params = False  # the stored distributions of the params were compared once
 
     def refresh(self, min_interval_s: float = 0.0) -> None:
         now = time.monotonic()
@@ -182,19 +278,53 @@ class SharedStudy:
             self._running[variant] = storage_.create_new_trial(study_id, template_trial=template)
 
     def record(self, params: dict, dists: dict, value: float, user_attrs: dict) -> None:
-        """Add a measured variant to the shared study (in the background, in order)."""
+        """Add a measured variant to the shared study (in the background, in order).
+
+        The writer thread writes what is queued in one transaction, at most every FLUSH_S: an
+        Optuna add_trial costs ~35 statements (a query per parameter) and took the GIL and the
+        write lock from the search loop's claims once per trial. What a killed worker had queued
+        is added by whoever takes its claims over (add_missing), or by the next run (add_known):
+        autogen's tables, not the study, hold the measurements."""
         template = optuna.trial.create_trial(params=params, distributions=dists, value=value,
                                              user_attrs={**user_attrs, "worker": self.owner})
-        self._writes.append(self._writer.submit(self.shared.add_trial, template))
+        with self._queue_lock:
+            self._queue.append(template)
+            if len(self._queue) > 1:
+                return  # a flush is submitted already and has not taken the queue yet
+        self._writes.append(self._writer.submit(self._flush))
+
+    def _flush(self) -> None:
+        self._closing.wait(self._last_flush + FLUSH_S - time.monotonic())  # close() cuts the wait short
+        with self._queue_lock:
+            batch, self._queue = self._queue, []
+        self._last_flush = time.monotonic()
+        if batch:
+            try:
+                self._add_trials(batch)
+            except Exception as exc:
+                raise StudyWriteError(len(batch), exc) from exc
+
+    def _add_trials(self, templates: list) -> None:
+        """Add finished trials to the shared study in one transaction."""
+        backend = getattr(self.shared._storage, "_backend", self.shared._storage)
+        if not isinstance(backend, optuna.storages.RDBStorage):
+            for template in templates:  # Optuna's in-memory storage (an in-memory database URL)
+                self.shared.add_trial(template)
+            return
+        add_trials(backend, self.shared._study_id, templates, check_params=not self._checked_params)
+        self._checked_params = True
 
     def close(self) -> int:
-        """Wait for the background writes; returns how many failed (each is logged)."""
+        """Wait for the background writes; returns how many trials could not be written (each
+        failure is logged)."""
+        self._closing.set()
         self._writer.shutdown(wait=True)
         failed = 0
         for future in self._writes:
-            if future.exception() is not None:
-                failed += 1
-                log.warning("a trial could not be added to the shared study: %s", future.exception())
+            exc = future.exception()
+            if exc is not None:
+                failed += exc.trials if isinstance(exc, StudyWriteError) else 1
+                log.warning("a trial could not be added to the shared study: %s", exc)
         return failed
 
     def add_missing(self, measured: dict[str, tuple[dict, float]], attrs: dict) -> None:
@@ -203,24 +333,23 @@ class SharedStudy:
         written to the study when it died."""
         def add() -> None:
             have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
-            for name, (params, value) in measured.items():
-                if name not in have:
-                    self.shared.add_trial(optuna.trial.create_trial(
-                        params=params, distributions=self.dists, value=value, user_attrs={"kernel": name, **attrs}))
+            missing = [optuna.trial.create_trial(params=params, distributions=self.dists, value=value,
+                                                 user_attrs={"kernel": name, **attrs})
+                       for name, (params, value) in measured.items() if name not in have]
+            if missing:
+                self._add_trials(missing)
         self._writes.append(self._writer.submit(add))
 
     def add_known(self, measured: dict[str, tuple[dict, float]], dists: dict) -> int:
         """Tell the shared study the variants the database holds that it does not know yet
         (measured before studies were shared, or by an older autogen); returns how many."""
         have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
-        added = 0
-        for name, (params, value) in measured.items():
-            if name in have:
-                continue
-            self.shared.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=value,
-                                                            user_attrs={"kernel": name}))
-            added += 1
-        return added
+        missing = [optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                             user_attrs={"kernel": name})
+                   for name, (params, value) in measured.items() if name not in have]
+        if missing:
+            self._add_trials(missing)
+        return len(missing)
 
 
 class Heartbeat:

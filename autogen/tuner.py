@@ -122,10 +122,13 @@ class Tuner:
 
     def begin(self, backend, started: float) -> TuneResult:
         """After the first backend is up: check the problem fits, and find where to start."""
+        from . import studies
         from .search import SearchCounts  # Optuna's import overlaps the GPU worker's start
         from .warmstart import starting_point
 
         problem, family, options = self.problem, self.family, self.options
+        if not options.refresh:  # the search's study: Optuna's storage opens while the GPU starts
+            studies.open_storage_soon(self.db.url)
         self.imported = time.monotonic()
         self._check_fits(backend.free_bytes)  # waits for the GPU worker's CUDA context
         self.device = device = backend.device
