@@ -62,8 +62,8 @@ class TunedKernel:
 
     def __post_init__(self):
         # Flattened once: a dispatched call walks plain tuples, not attribute chains. Non-PDL
-        # steps launch through CuPy's own call, the cheapest launch Python has here (a ctypes or
-        # struct-packed cuLaunchKernel costs more host time: scripts/bench_dispatch.py times both).
+        # steps launch through CuPy's own call: a struct-packed cuLaunchKernel from Python was
+        # measured no faster on the H100 (faster in one run, slower in the next, interleaved).
         launches = []
         for function, step in self._steps:
             if self.pdl:

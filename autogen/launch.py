@@ -18,9 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import struct
 import sys
-import threading
 
 import numpy as np
 
@@ -116,103 +114,6 @@ def c_argument(value):
                     f"np.float32(...)), got {type(value).__name__}: Python ints and floats have no C width")
 
 
-# struct codes of the scalar kernel arguments, each in an 8-byte slot of the packed block.
-_STRUCT_CODES = {np.dtype(np.int32): "i", np.dtype(np.uint32): "I", np.dtype(np.int64): "q",
-                 np.dtype(np.uint64): "Q", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
-                 np.dtype(np.int16): "h", np.dtype(np.uint16): "H", np.dtype(np.int8): "b",
-                 np.dtype(np.uint8): "B", np.dtype(np.bool_): "?"}
-
-
-class PackedLaunch:
-    """One kernel of a served variant, launched through the driver's cuLaunchKernel (CuPy's own
-    binding of it) with its argument block packed in place.
-
-    CuPy's Function.__call__ wraps every argument in a new CPointer object on every launch, which
-    costs more host time than the rest of a dispatched call. Here the argument kinds are read once,
-    from the first call's arguments: a device array passes its pointer, a scalar (a NumPy scalar,
-    or autogen.family.kernel_scalar's holder) its C type. Each later call packs the values into a
-    fixed buffer with one struct.pack_into; the driver copies them at the launch. A call whose
-    arguments do not fit the kinds read first (another type in a slot) goes through CuPy's call.
-    The buffer is shared, hence the lock: the driver reads it with the GIL released."""
-
-    def __init__(self, function, grid, block, shared_bytes: int = 0):
-        self.function = function
-        self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        self.block = tuple(block) + (1,) * (3 - len(block))
-        self.shared_bytes = int(shared_bytes)
-        self._pack = None  # built by the first call
-        self._lock = threading.Lock()
-
-    def __call__(self, args: tuple, stream=None) -> None:
-        pack = self._pack or self._prepare(args)
-        if pack is False:
-            self.function(self.grid, self.block, args, self.shared_bytes, stream)
-            return
-        pointer = stream.ptr if stream is not None else _current_stream_ptr()
-        with self._lock:
-            try:
-                pack(args)
-            except (AttributeError, TypeError, struct.error, IndexError):
-                self.function(self.grid, self.block, args, self.shared_bytes, stream)
-                return
-            _launch_kernel(self._function_ptr, *self.grid, *self.block, self.shared_bytes, pointer,
-                           self._params, 0)
-
-    def _prepare(self, args: tuple):
-        """The packing function for arguments like `args`; False where one has no known C kind
-        (those launches stay with CuPy)."""
-        fields, codes = [], []
-        for index, value in enumerate(args):
-            held = getattr(value, "held", None)  # kernel_scalar's holder: its NumPy scalar
-            if held is not None:
-                value, access = held, f"args[{index}].held"
-            else:
-                access = f"args[{index}]"
-            data = getattr(value, "data", None)
-            if data is not None and hasattr(data, "ptr"):
-                codes.append("Q")
-                fields.append(f"{access}.data.ptr")
-            elif isinstance(value, np.generic) and value.dtype in _STRUCT_CODES:
-                code = _STRUCT_CODES[value.dtype]
-                codes.append(code + f"{8 - struct.calcsize(code)}x")
-                fields.append(access)
-            else:
-                self._pack = False
-                return False
-        layout = struct.Struct("<" + "".join(codes))
-        self._buffer = ctypes.create_string_buffer(max(8, layout.size))
-        base = ctypes.addressof(self._buffer)
-        self._slots = (ctypes.c_void_p * max(1, len(codes)))(*[base + 8 * i for i in range(len(codes))])
-        self._params = ctypes.addressof(self._slots)
-        self._function_ptr = self.function.ptr
-        # One generated expression per variant, the fastest Python can pack (namedtuple builds its
-        # classes the same way): e.g. pack_into(buffer, 0, args[0].data.ptr, args[2].held).
-        source = f"lambda args: pack_into(buffer, 0, {', '.join(fields)})"
-        self._pack = eval(source, {"pack_into": layout.pack_into, "buffer": self._buffer})
-        return self._pack
-
-
-def _bind_cupy() -> None:
-    """Bind the hot path to CuPy's driver binding and current-stream query, once."""
-    global _launch_kernel, _current_stream_ptr
-    import cupy
-    from cupy.cuda import driver
-
-    _launch_kernel = driver.launchKernel
-    _current_stream_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None) or (
-        lambda: cupy.cuda.get_current_stream().ptr)
-
-
-def _launch_kernel(*arguments) -> None:
-    _bind_cupy()
-    _launch_kernel(*arguments)
-
-
-def _current_stream_ptr() -> int:
-    _bind_cupy()
-    return _current_stream_ptr()
-
-
 def launch_config(grid, block, shared_bytes: int, stream_ptr: int, pdl: bool):
     """(CUlaunchConfig, attribute array) for one launch; the array must outlive the call."""
     attrs = (CUlaunchAttribute * 1)()
@@ -250,5 +151,5 @@ def ensure_context(cupy) -> None:
         cupy.cuda.Device().use()  # cudaSetDevice makes the primary context current (CUDA >= 12)
 
 
-__all__ = ["CUlaunchAttribute", "CUlaunchAttributeValue", "CUlaunchConfig", "LaunchError", "PackedLaunch", "c_argument",
+__all__ = ["CUlaunchAttribute", "CUlaunchAttributeValue", "CUlaunchConfig", "LaunchError", "c_argument",
            "ensure_context", "launch_config", "launch_ex", "libcuda"]

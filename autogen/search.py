@@ -158,7 +158,6 @@ class SearchLoop:
         self.local = study.local
         self.fixed = collections.deque(self.start.seeds + exhaustive)  # asked first, in order
         self.by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
-        pending: collections.deque[_Pending] = collections.deque()
         self.in_flight: dict[str, _Pending] = {}
         depth = max(2, 2 * options.workers)
         self.idle_asks = 0
@@ -174,48 +173,48 @@ class SearchLoop:
             # A sampler that keeps proposing measured or invalid points has run out of space.
             return not (self.budget_reached or self.space_done) and self.idle_asks < MAX_IDLE_ASKS
 
-        # The GPU measures one variant (in the "autogen-gpu" thread, which waits on the GPU
-        # worker's pipe) while this thread asks, renders, claims and stores: the host side of a
-        # trial no longer leaves the GPU idle.
+        # The GPU measures the variants in the "autogen-gpu" thread (which waits on the GPU
+        # worker's pipe), each queued as soon as it is claimed, so the GPU goes from one to the
+        # next while this thread asks, renders, claims and stores. `pending` holds every variant
+        # claimed and not yet stored, in order; `depth` bounds it.
         gpu = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-gpu")
-        measuring: tuple[_Pending, concurrent.futures.Future] | None = None
+        pending: collections.deque[tuple[_Pending, concurrent.futures.Future]] = collections.deque()
+        self.gpu_best_us = None  # the best time the GPU thread measured in this search
 
-        def measure_next() -> None:
-            nonlocal measuring
-            if measuring is None and pending:
-                entry = pending.popleft()
-                best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
-                measuring = (entry, gpu.submit(self._measure, entry, best))
+        def submit(entry: _Pending) -> None:
+            best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
+            pending.append((entry, gpu.submit(self._measure, entry, best)))
 
         with studies.Heartbeat(self.db, self.owner, self.lease):
             try:
                 while True:
                     if time.monotonic() - last_check > self.lease.heartbeat_s / 2:
                         last_check = time.monotonic()
-                        pending.extend(self._take_over_lapsed())
+                        for entry in self._take_over_lapsed():
+                            submit(entry)
                     study.refresh(min_interval_s=REFRESH_S)
-                    measure_next()
                     can_ask = len(pending) < depth and may_ask()
-                    # Wait only once asking is done for now (not as soon as the GPU is done): the
-                    # order of asks and tells, hence a seeded search, does not depend on timing.
-                    if measuring is not None and not can_ask:
+                    # Results are stored and told only once asking is done for now (not as soon
+                    # as the GPU is done), oldest first: the order of asks and tells, hence a
+                    # seeded search, does not depend on timing.
+                    if pending and not can_ask:
+                        entry, future = pending.popleft()
                         with self._timed("wait_gpu"):
-                            outcome = measuring[1].result()
-                        entry, measuring = measuring[0], None
+                            outcome = future.result()
                         self._complete(entry, outcome)
-                        measure_next()  # the GPU goes on before this thread asks again
                         continue
                     if can_ask:
                         entry = self._next()
                         if entry is not None:
-                            pending.append(entry)
                             self.in_flight[entry.name] = entry
+                            submit(entry)
                         continue
                     if self.timed_out(started):
                         break
                     # Done asking: wait for the other workers' variants of this problem, and
                     # take over those whose worker died.
-                    pending.extend(self._drain())
+                    for entry in self._drain():
+                        submit(entry)
                     if not pending:
                         break
             except BaseException:
@@ -427,7 +426,15 @@ class SearchLoop:
             return exc
         except Exception as exc:  # a compile worker died
             return CompileError(f"{type(exc).__name__}: {exc}")
-        return self.backend.evaluator.evaluate(entry.name, cubin, entry.config.as_dict(), best_us=best_us)
+        # The best so far: stored when this variant was queued, or measured since by this thread
+        # (in queue order, so a seeded search stops the same variants early every time).
+        if self.gpu_best_us is not None:
+            best_us = self.gpu_best_us if best_us is None else min(best_us, self.gpu_best_us)
+        outcome = self.backend.evaluator.evaluate(entry.name, cubin, entry.config.as_dict(), best_us=best_us)
+        if outcome.status == "ok" and outcome.samples_us:
+            measured = statistics.median(outcome.samples_us)
+            self.gpu_best_us = measured if self.gpu_best_us is None else min(self.gpu_best_us, measured)
+        return outcome
 
     def _record(self, entry: _Pending, outcome) -> TrialRecord:
         base = dict(family=self.problem.family, dtype=self.problem.dtype, shape_key=self.problem.shape_key,

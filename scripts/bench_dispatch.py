@@ -53,15 +53,13 @@ def host_overhead(db_url: str, calls: int = 5000, profile: bool = False) -> list
     against bare launches of the same kernel functions with the same arguments: "bare" with
     NumPy scalars (what a user of a CuPy RawKernel writes: np.int32(m), np.float32(alpha)) and
     "bare_preconverted" with the scalars converted once (autogen.family.kernel_scalar), the
-    floor of any launch through CuPy, and "packed" the same launches through cuLaunchKernel with
-    the arguments packed by struct (autogen.launch.PackedLaunch), the alternative to CuPy's call.
-    All four are timed interleaved."""
+    floor of any launch through CuPy, and "bind" the family's argument checks alone (no launch).
+    All are timed interleaved."""
     import cupy
 
     import autogen
     import autogen.dispatch as dispatch
     from autogen.family import Family, all_families
-    from autogen.launch import PackedLaunch
 
     dispatch._default_dispatcher = dispatch.Dispatcher(db_url)
     device = cupy.cuda.runtime.getDevice()
@@ -93,22 +91,16 @@ def host_overhead(db_url: str, calls: int = 5000, profile: bool = False) -> list
         def dispatched(call=call, args=args, kwargs=kwargs):
             call(*args, **kwargs)
 
-        packed_steps = [(PackedLaunch(f, g, b, sh), values) for f, g, b, values, sh in steps]
-
-        def packed(steps=packed_steps):
-            for launch, values in steps:
-                launch(values)
-
         def bind_only(bind=family.bind, args=args, kwargs=kwargs):  # the checks, no launch
             bind(cupy, device, args, kwargs)
 
-        times = per_call_us({"bare": bare, "preconverted": preconverted, "packed": packed,
+        times = per_call_us({"bare": bare, "preconverted": preconverted,
                              "dispatched": dispatched, "bind": bind_only}, calls)
         bare_us, floor_us, ours_us = times["bare"], times["preconverted"], times["dispatched"]
         rows.append({"family": family.name, "shape": problem.shape_key, "dtype": problem.dtype,
                      "kernel": kernel.name, "served_by": kernel.served_by, "launches": len(steps),
                      "bare_rawkernel_us": round(bare_us, 3), "bare_preconverted_us": round(floor_us, 3),
-                     "packed_driver_us": round(times["packed"], 3), "bind_only_us": round(times["bind"], 3),
+                     "bind_only_us": round(times["bind"], 3),
                      "autogen_us": round(ours_us, 3), "ratio_vs_bare": round(ours_us / bare_us, 3),
                      "ratio_vs_preconverted": round(ours_us / floor_us, 3)})
         if profile:
@@ -181,11 +173,11 @@ def main() -> int:
     report = {"host_overhead": host_overhead(args.db, args.calls, args.profile),
               "regret": [] if args.overhead_only else regret(args.db, args.out, args.trials)}
     (args.out / "bench_dispatch.json").write_text(json.dumps(report, indent=2))
-    print(f"{'family':>10} {'shape':>16} {'launches':>8} {'bare us':>8} {'floor us':>8} {'packed us':>9} "
+    print(f"{'family':>10} {'shape':>16} {'launches':>8} {'bare us':>8} {'floor us':>8} {'bind us':>8} "
           f"{'autogen us':>10} {'vs bare':>8} {'vs floor':>8}")
     for h in report["host_overhead"]:
         print(f"{h['family']:>10} {h['shape']:>16} {h['launches']:>8} {h['bare_rawkernel_us']:>8} "
-              f"{h['bare_preconverted_us']:>8} {h['packed_driver_us']:>9} {h['autogen_us']:>10} {h['ratio_vs_bare']:>7}x "
+              f"{h['bare_preconverted_us']:>8} {h['bind_only_us']:>8} {h['autogen_us']:>10} {h['ratio_vs_bare']:>7}x "
               f"{h['ratio_vs_preconverted']:>7}x")
     if report["regret"]:
         print(f"{'shape':>11} {'served':>8} {'from':>14} {'pick us':>8} {'best us':>8} {'regret':>7}")
