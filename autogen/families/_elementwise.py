@@ -45,10 +45,11 @@ def _packs_in_flight(p) -> str | None:
     return None
 
 
-def make_space(max_ept: int) -> Space:
-    """The parameters of both families; `max_ept` bounds the elements a thread holds per step (the
-    kernels get up to 64 registers: __launch_bounds__(block, 1024 / block); the scalar path holds
-    elements_per_thread loads in flight, each with its own address)."""
+def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
+    """The parameters of both families (and a family's `extra` ones, last); `max_ept` bounds the
+    elements a thread holds per step (the kernels get up to 64 registers:
+    __launch_bounds__(block, 1024 / block); the scalar path holds elements_per_thread loads in
+    flight, each with its own address)."""
     return Space(
         params=(
             Param("vector_width", (1, 2, 4, 8), "vw",
@@ -60,13 +61,17 @@ def make_space(max_ept: int) -> Space:
                   "one wave of resident blocks striding over n, or one block per block_size * ept elements"),
             Param("math", ("float", "half2"), "m",
                   "half types: arithmetic in fp32, or two halves per instruction (fp16x2 / bf16x2)"),
+            *extra,
+            Param("cache", ("ldg", "stream"), "c",
+                  "loads through the read-only path and plain stores, or streaming (ld.global.cs.nc, "
+                  "st.global.cs: evict-first, for data touched once)"),
         ),
         constraints=(_packs_in_flight,),
     )
 
 
 DEFAULT_PARAMS = {"vector_width": 8, "elements_per_thread": 8, "block_size": 256, "loop": "grid_stride",
-                  "math": "float"}
+                  "math": "float", "cache": "ldg"}
 
 
 def grid_blocks(n: int, config: Config) -> int:
