@@ -36,6 +36,21 @@ def test_space_size_and_constraints():
     assert FAMILY.space.param("elements_per_thread").choices == (1, 2, 4, 8)
 
 
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+@pytest.mark.parametrize("n, bias_size", ((7, 7), (2**20, 4096), (2**24, 4096), (2**28, 4096), (1000 * 1024, 1000)))
+def test_seed_configs_are_valid_unpruned_and_few(dtype, n, bias_size):
+    from autogen.families import _elementwise as ew
+    problem = FAMILY.problem(dtype, n=n, bias_size=bias_size)
+    seeds = FAMILY.seed_configs(problem)
+    assert 1 <= len(seeds) <= ew.SEEDS and len(set(seeds)) == len(seeds)
+    for seed in seeds:
+        assert not FAMILY.space.violations(seed.as_dict())
+        if n >= 2**20:
+            assert FAMILY.reject_reason(problem, seed) is None
+    if bias_size == 4096:
+        assert len(seeds) >= 2 and seeds[0]["vector_width"] == (4 if dtype == "float32" else 8)
+
+
 def test_problems_need_a_bias_size_dividing_n():
     assert FAMILY.problem("float16", n=2**28, bias_size=4096).shape_key == "n=268435456,bias_size=4096"
     with pytest.raises(UsageError, match="bias_size=3 must divide n=10"):

@@ -178,6 +178,29 @@ def test_erf_choice_is_pruned_where_it_changes_nothing():
     assert "erff(" in render(FAMILY, "float16", config(erf="erff"))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ("tanh", "none"))
+@pytest.mark.parametrize("n", (1, 1000, 2**20, 2**24, 2**28))
+def test_seed_configs_are_valid_unpruned_and_few(dtype, approximate, n):
+    problem = FAMILY.problem(dtype, n=n, approximate=approximate)
+    seeds = FAMILY.seed_configs(problem)
+    assert 1 <= len(seeds) <= ew.SEEDS and len(set(seeds)) == len(seeds)
+    for seed in seeds:
+        assert not FAMILY.space.violations(seed.as_dict())
+        if n >= 2**20:
+            assert FAMILY.reject_reason(problem, seed) is None
+    if n >= 2**20:
+        assert len(seeds) >= 2
+        wide = 8 if dtype != "float32" else 4
+        first = seeds[0]
+        # the vendor-like point first: 16-byte packs, one pass, 128 threads
+        assert (first["vector_width"], first["loop"], first["block_size"]) == (wide, "one_pass", 128)
+        if dtype != "float32" and approximate == "none":
+            assert all(s["erf"] == "logistic" for s in seeds)
+        if dtype != "float32" and approximate == "tanh":
+            assert all(s["math"] == "half2" for s in seeds)
+
+
 # -- geometry: a model of the sweep in templates/elementwise.cuh.j2 --------------------------------
 
 

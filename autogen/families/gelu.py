@@ -42,6 +42,17 @@ UNIFORM_RANGE = 4.0  # the uniform case (and the timing case): [-4, 4), the curv
 LOGISTIC_P = (1.5954356676677122, 0.07359651217180677, -0.0006316141307717751)
 LOG2E = 1.0 / math.log(2.0)
 
+# The earlier H200 winners (docs/benchmarks.md), seeded after the vendor-like points.
+EARLIER_WINNERS = {
+    "float32": ({"vector_width": 4, "elements_per_thread": 8, "block_size": 512, "loop": "one_pass",
+                 "math": "float", "cache": "ldg"},),
+    "half_tanh": ({"vector_width": 2, "elements_per_thread": 8, "block_size": 128, "loop": "one_pass",
+                   "math": "half2", "cache": "ldg"},),
+    "half_erf": ({"vector_width": 8, "elements_per_thread": 8, "block_size": 256, "loop": "grid_stride",
+                  "math": "float", "cache": "ldg"},
+                 {"vector_width": 4, "elements_per_thread": 8, "block_size": 512, "loop": "one_pass",
+                  "math": "float", "cache": "ldg"}),
+}
 
 
 def _parse_approximate(text: str) -> str:
@@ -103,6 +114,26 @@ class Gelu(Family):
             if problem.dtype not in ew.HALF_TYPES:
                 return "erf=logistic applies to fp16 and bf16 only (fp32 variants render erff: the same code)"
         return ew.reject_reason(problem, config)
+
+    def seed_configs(self, problem: Problem) -> list[Config]:
+        """Up to ew.SEEDS points measured first (ew.seed_params): the vendor-like 16-byte one-pass
+        points, in half2 arithmetic for the tanh form in fp16/bf16 and with the logistic erf for
+        the erf form there; then the earlier H200 winners of the dtype and form (the erf form's
+        with the logistic erf, which only makes them cheaper). Those the pruning
+        rejects are left out; the default config where nothing is left."""
+        half = problem.dtype in ew.HALF_TYPES
+        tanh = problem["approximate"] == "tanh"
+        earlier = EARLIER_WINNERS["float32" if not half else "half_tanh" if tanh else "half_erf"]
+        erf = "logistic" if half and not tanh else "erff"
+        found: list[Config] = []
+        for params in ew.seed_params(problem, 16, packed=half and tanh, earlier=earlier):
+            params = {**params, "erf": erf}
+            if self.space.violations(params):
+                continue
+            config = self.space.check(params)
+            if config not in found and self.reject_reason(problem, config) is None:
+                found.append(config)
+        return found[:ew.SEEDS] or [self.default_config(problem)]
 
     # --- data -----------------------------------------------------------------------------
     def validation_cases(self, problem: Problem) -> list[dict]:
