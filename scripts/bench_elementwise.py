@@ -11,9 +11,16 @@ during capture safe): L calls rotating over the same number of cold input sets a
 (together over 4x L2), captured once, replayed 7 times, each replay timed with CUDA events, the
 median per call. torch.compile is warmed up (compiled, autotuned) outside capture.
 
-Budget: 27 problems, each a tune (a fresh GPU worker: CuPy and torch imports, ~5 s, then the
-trials) plus the torch peers; about 5 minutes on an H100 with the defaults. --only and --sizes
-split it; --no-compile skips Inductor.
+Budget: 27 problems (18 gelu, 9 bias_mask_scale_add), each a tune plus the torch peers. From the
+last H200 run (docs/results/bench_elementwise_h200.json, 4 trials): per problem ~0.8 s start-up,
+~5 s finishing (re-timing the winner, ~3 s of it the family peer in CuPy's graphs), 0.1-1 s for
+the torch peers once Inductor has compiled (the first problem of each family, form and dtype
+pays torch.compile: 1-15 s warm, more with a cold Inductor cache), and ~0.2-0.6 s per measured
+trial (NVRTC and the cold timing; the 2^28 trials the longest). --trials 12: ~11-13 s a problem,
+~300-350 s for all 27 plus torch.compile's first compiles, so about 420 s is the expected total;
+--budget 420 makes sure of it (each problem's search gets an even share of what is left, less
+FIXED_S). --only and --sizes split it; --no-compile skips Inductor (what to drop first if
+torch.compile's cold compiles dominate).
 
 Targets on an H100: >= 95% of the copy bandwidth at 2^24 and 2^28, >= 1.0x F.gelu everywhere,
 bias_mask_scale_add >= 2.5x torch eager and >= 1.0x torch.compile.
@@ -35,6 +42,7 @@ BIAS_SIZE = 4096
 REPLAYS = 7
 TARGET_REPLAY_US = 2000.0
 MAX_CALLS = 2000
+FIXED_S = 8.0  # per problem outside the search: start-up, finishing (re-time, family peer), torch peers
 
 PROBLEMS = [
     *[("gelu", dtype, {"n": n, "approximate": form}) for dtype in DTYPES for form in ("tanh", "none") for n in SIZES],
@@ -48,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--db", help="database URL for the winners (default: sqlite in --out)")
     parser.add_argument("--trials", type=int, default=10, help="variants measured per problem (default 10)")
     parser.add_argument("--timeout", type=float, help="stop each problem's search after this many seconds")
+    parser.add_argument("--budget", type=float,
+                        help="seconds for the whole run: each problem's search gets an even share of what is left "
+                             "(less the fixed per-problem cost), capped by --timeout")
     parser.add_argument("--only", choices=["gelu", "bias_mask_scale_add"], help="benchmark one family only")
     parser.add_argument("--sizes", help="comma list of n to run (default 2^20,2^24,2^28)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
@@ -283,13 +294,18 @@ def main(argv=None) -> int:
     compile_cache: dict = {}
     rows = []
     started_all = time.monotonic()
-    for family_name, dtype, dims in PROBLEMS:
-        if (args.only and family_name != args.only) or dims["n"] not in sizes:
-            continue
+    selected = [(f, d, dims) for f, d, dims in PROBLEMS
+                if not (args.only and f != args.only) and dims["n"] in sizes]
+    for index, (family_name, dtype, dims) in enumerate(selected):
         family = get_family(family_name)
         problem = family.problem(dtype, **dims)
         started = time.monotonic()
-        result = tune(problem, TuneOptions(trials=args.trials, timeout_s=args.timeout, db_url=db_url))
+        timeout = args.timeout
+        if args.budget is not None:
+            left = args.budget - (started - started_all)
+            share = max(1.0, left / (len(selected) - index) - FIXED_S)
+            timeout = share if timeout is None else min(timeout, share)
+        result = tune(problem, TuneOptions(trials=args.trials, timeout_s=timeout, db_url=db_url))
         doc = tune_summary(result)
         tuned_s = time.monotonic() - started
         doc["torch"] = time_torch_peers(problem, family, not args.no_compile, compile_cache, args.compile_static)

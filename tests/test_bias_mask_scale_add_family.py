@@ -30,10 +30,25 @@ def config(**params):
 
 def test_space_size_and_constraints():
     configs = list(FAMILY.space.enumerate())
-    assert len(configs) == 144 == FAMILY.space.size()
+    assert len(configs) == 144 * 2 == FAMILY.space.size()  # x cache (ldg, stream)
     assert {(c["vector_width"], c["elements_per_thread"]) for c in configs} == {
         (1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8)}
     assert FAMILY.space.param("elements_per_thread").choices == (1, 2, 4, 8)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+@pytest.mark.parametrize("n, bias_size", ((7, 7), (2**20, 4096), (2**24, 4096), (2**28, 4096), (1000 * 1024, 1000)))
+def test_seed_configs_are_valid_unpruned_and_few(dtype, n, bias_size):
+    from autogen.families import _elementwise as ew
+    problem = FAMILY.problem(dtype, n=n, bias_size=bias_size)
+    seeds = FAMILY.seed_configs(problem)
+    assert 1 <= len(seeds) <= ew.SEEDS and len(set(seeds)) == len(seeds)
+    for seed in seeds:
+        assert not FAMILY.space.violations(seed.as_dict())
+        if n >= 2**20:
+            assert FAMILY.reject_reason(problem, seed) is None
+    if bias_size == 4096:
+        assert len(seeds) >= 2 and seeds[0]["vector_width"] == (4 if dtype == "float32" else 8)
 
 
 def test_problems_need_a_bias_size_dividing_n():

@@ -35,7 +35,7 @@ def config(**params):
 
 def test_space_size_and_constraints():
     configs = list(FAMILY.space.enumerate())
-    assert len(configs) == 176 == FAMILY.space.size()
+    assert len(configs) == 176 * 2 * 2 == FAMILY.space.size()  # x erf (erff, logistic) x cache (ldg, stream)
     pairs = {(c["vector_width"], c["elements_per_thread"]) for c in configs}
     assert pairs == {(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)}
     assert FAMILY.space.violations({**FAMILY.default_params, "vector_width": 8, "elements_per_thread": 4})
@@ -116,7 +116,7 @@ def test_inputs_poisoned_spanning_the_tails_and_misaligned(dtype):
 
 
 def test_pack_constants_are_the_rounded_values_twice():
-    assert pack_constants("float32") == {}
+    assert set(pack_constants("float32")) == {"c0", "c1", "q0", "q1", "q2"}
     for dtype in ("float16", "bfloat16"):
         words = pack_constants(dtype)
         for name, value in (("k0", math.sqrt(2 / math.pi)), ("k0k1", math.sqrt(2 / math.pi) * 0.044715), ("half", 0.5)):
@@ -126,6 +126,79 @@ def test_pack_constants_are_the_rounded_values_twice():
                 else float(np.array([word & 0xFFFF], dtype=np.uint16).view(np.float16)[0])
             assert decoded == pytest.approx(value, rel=2 ** -8 if dtype == "bfloat16" else 2 ** -11)
     assert pack_constants("float16")["half"] == "0x38003800" and pack_constants("bfloat16")["half"] == "0x3f003f00"
+
+
+def test_float_constants_are_the_folded_exponents():
+    constants = pack_constants("float16")
+    value = {name: float(constants[name].rstrip("f")) for name in ("c0", "c1", "q0", "q1", "q2")}
+    log2e = 1 / math.log(2)
+    assert value["c0"] == pytest.approx(-2 * log2e * math.sqrt(2 / math.pi), rel=1e-7)
+    assert value["c1"] == pytest.approx(-2 * log2e * math.sqrt(2 / math.pi) * 0.044715, rel=1e-7)
+    # The tanh form as the kernel computes it: x / (1 + 2^(x (c0 + c1 x^2))).
+    x = np.linspace(-12, 12, 4001)
+    ours = x / (1 + np.exp2(x * (value["c0"] + value["c1"] * x * x)))
+    assert np.abs(ours - gelu_reference(np, x, "tanh")).max() < 1e-6
+
+
+def logistic_gelu(x):
+    """The erf=logistic kernel's formula in float64: x / (1 + 2^(x Q(min(x^2, 64))))."""
+    c = pack_constants("float16")
+    q0, q1, q2 = (float(c[name].rstrip("f")) for name in ("q0", "q1", "q2"))
+    t = np.minimum(x * x, 64.0)
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp2(x * (q0 + t * (q1 + t * q2))))
+
+
+def test_logistic_erf_is_accurate_for_half_outputs():
+    # Within 3e-5 of GELU relative to its magnitude (16x under half an fp16 ulp) everywhere,
+    # the right limits far out (the clamp keeps the exponent's sign), and far inside the
+    # fp16 and bf16 tolerances as a relative L2 error.
+    x = np.concatenate([np.linspace(-12, 12, 240001), [-1000.0, -30.0, -0.0, 30.0, 1000.0]])
+    ours, exact = logistic_gelu(x), gelu_reference(np, x, "none")
+    magnitude = ew_magnitude(x)
+    assert (np.abs(ours - exact) <= 3e-5 * magnitude + 1e-300).all()
+    assert ours[-1] == 1000.0 and ours[-2] == 30.0 and abs(ours[-5]) < 1e-300
+    assert np.sqrt(((ours - exact) ** 2).sum() / (magnitude ** 2).sum()) < 1e-5
+
+
+def ew_magnitude(x):
+    from autogen.families.gelu import gelu_magnitude
+    return gelu_magnitude(np, x, "none")
+
+
+def test_erf_choice_is_pruned_where_it_changes_nothing():
+    erf16 = FAMILY.problem("float16", n=2**24, approximate="none")
+    assert FAMILY.reject_reason(erf16, config(erf="logistic", loop="one_pass")) is None
+    assert "erf form only" in FAMILY.reject_reason(FAMILY.problem("float16", n=2**24), config(erf="logistic"))
+    assert "fp16 and bf16" in FAMILY.reject_reason(FAMILY.problem("float32", n=2**24, approximate="none"),
+                                                    config(erf="logistic"))
+    # fp32 renders erff whatever erf says; fp16 renders the logistic form only when asked.
+    assert "erff(" in render(FAMILY, "float32", config(erf="logistic"))
+    assert "erff(" not in render(FAMILY, "float16", config(erf="logistic"))
+    assert "erff(" in render(FAMILY, "float16", config(erf="erff"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ("tanh", "none"))
+@pytest.mark.parametrize("n", (1, 1000, 2**20, 2**24, 2**28))
+def test_seed_configs_are_valid_unpruned_and_few(dtype, approximate, n):
+    problem = FAMILY.problem(dtype, n=n, approximate=approximate)
+    seeds = FAMILY.seed_configs(problem)
+    assert 1 <= len(seeds) <= ew.SEEDS and len(set(seeds)) == len(seeds)
+    for seed in seeds:
+        assert not FAMILY.space.violations(seed.as_dict())
+        if n >= 2**20:
+            assert FAMILY.reject_reason(problem, seed) is None
+    if n >= 2**20:
+        assert len(seeds) >= 2
+        wide = 8 if dtype != "float32" else 4
+        first = seeds[0]
+        # the vendor-like point first: 16-byte packs, one pass, 128 threads
+        assert (first["vector_width"], first["loop"], first["block_size"]) == (wide, "one_pass", 128)
+        if dtype != "float32" and approximate == "none":
+            assert all(s["erf"] == "logistic" for s in seeds)
+        if dtype != "float32" and approximate == "tanh":
+            assert all(s["math"] == "half2" for s in seeds)
 
 
 # -- geometry: a model of the sweep in templates/elementwise.cuh.j2 --------------------------------

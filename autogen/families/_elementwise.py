@@ -47,10 +47,11 @@ def _packs_in_flight(p) -> str | None:
     return None
 
 
-def make_space(max_ept: int) -> Space:
-    """The parameters of both families; `max_ept` bounds the elements a thread holds per step (the
-    kernels get up to 64 registers: __launch_bounds__(block, 1024 / block); the scalar path holds
-    elements_per_thread loads in flight, each with its own address)."""
+def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
+    """The parameters of both families (and a family's `extra` ones, last); `max_ept` bounds the
+    elements a thread holds per step (the kernels get up to 64 registers:
+    __launch_bounds__(block, 1024 / block); the scalar path holds elements_per_thread loads in
+    flight, each with its own address)."""
     return Space(
         params=(
             Param("vector_width", (1, 2, 4, 8), "vw",
@@ -62,13 +63,44 @@ def make_space(max_ept: int) -> Space:
                   "one wave of resident blocks striding over n, or one block per block_size * ept elements"),
             Param("math", ("float", "half2"), "m",
                   "half types: arithmetic in fp32, or two halves per instruction (fp16x2 / bf16x2)"),
+            *extra,
+            Param("cache", ("ldg", "stream"), "c",
+                  "loads through the read-only path and plain stores, or streaming (ld.global.cs.nc, "
+                  "st.global.cs: evict-first, for data touched once)"),
         ),
         constraints=(_packs_in_flight,),
     )
 
 
 DEFAULT_PARAMS = {"vector_width": 8, "elements_per_thread": 8, "block_size": 256, "loop": "grid_stride",
-                  "math": "float"}
+                  "math": "float", "cache": "ldg"}
+
+
+SEEDS = 4  # seed configs per problem at most (each is a measured trial of the budget)
+
+
+def seed_params(problem: Problem, max_ept: int, packed: bool, earlier: tuple[dict, ...] = ()) -> list[dict]:
+    """Points a search measures first, best first, before the family adds its own parameters and
+    drops what its pruning rejects: what a vendor's vectorised elementwise kernel does (torch's
+    vectorized_elementwise_kernel: 128-thread blocks, one 16-byte pack per thread, one pass, so
+    small n still spreads over every SM), two 16-byte packs per thread in 256-thread blocks for
+    the large sizes, with and without the streaming hints; then `earlier` (the family's previous
+    H200 winners). `packed`: half2 arithmetic where the problem allows it."""
+    wide = 8 if problem.dtype in HALF_TYPES else 4  # elements in 16 bytes
+    math_ = "half2" if packed else "float"
+    base = {"loop": "one_pass", "math": math_, "cache": "ldg"}
+    one = {**base, "vector_width": wide, "elements_per_thread": wide}
+    two = {**base, "vector_width": wide, "elements_per_thread": min(2 * wide, max_ept)}
+    if problem["n"] <= 2**22:
+        seeds = [{**one, "block_size": 128}, {**two, "block_size": 128}]
+    else:
+        seeds = [{**one, "block_size": 128}, {**two, "block_size": 256}, {**two, "block_size": 256, "cache": "stream"}]
+    seeds += [dict(e) for e in earlier]
+    unique = []
+    for params in seeds:
+        if params not in unique:
+            unique.append(params)
+    return unique
 
 
 def grid_blocks(n: int, config: Config) -> int:

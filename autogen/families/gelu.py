@@ -20,6 +20,7 @@ from ..dtypes import DTYPES, to_float64, to_storage
 from ..errors import ArgumentError
 from ..family import Family, Launch, Peer, Step, Trait, dtype_name, kernel_scalar, new_output, register
 from ..problem import Config, Problem
+from ..space import Param
 from . import _elementwise as ew
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -32,6 +33,26 @@ TAILS_RANGE = 12.0
 FAR_FRACTION = 0.1
 FAR_LOG10 = (1.0, 3.0)
 UNIFORM_RANGE = 4.0  # the uniform case (and the timing case): [-4, 4), the curved part of GELU
+
+# erf=logistic (fp16, bf16): Phi(x) = 0.5 (1 + erf(x / sqrt(2))) ~ 1 / (1 + exp(-x P(x^2))), P a
+# quadratic fitted (iteratively reweighted least squares on the logit, towards minimax) on
+# [0, 6.5]: |error| <= 1.85e-5 on Phi (at x = 0.35), so <= 3e-5 relative to GELU's magnitude
+# 0.5 |x| (1 + |erf|), 16 times under half an fp16 ulp. P stays positive up to x^2 = 134: the
+# kernel clamps x^2 at 64 (Phi is 1 - 6e-16 there), so the exponent keeps x's sign at any x.
+LOGISTIC_P = (1.5954356676677122, 0.07359651217180677, -0.0006316141307717751)
+LOG2E = 1.0 / math.log(2.0)
+
+# The earlier H200 winners (docs/benchmarks.md), seeded after the vendor-like points.
+EARLIER_WINNERS = {
+    "float32": ({"vector_width": 4, "elements_per_thread": 8, "block_size": 512, "loop": "one_pass",
+                 "math": "float", "cache": "ldg"},),
+    "half_tanh": ({"vector_width": 2, "elements_per_thread": 8, "block_size": 128, "loop": "one_pass",
+                   "math": "half2", "cache": "ldg"},),
+    "half_erf": ({"vector_width": 8, "elements_per_thread": 8, "block_size": 256, "loop": "grid_stride",
+                  "math": "float", "cache": "ldg"},
+                 {"vector_width": 4, "elements_per_thread": 8, "block_size": 512, "loop": "one_pass",
+                  "math": "float", "cache": "ldg"}),
+}
 
 
 def _parse_approximate(text: str) -> str:
@@ -50,8 +71,11 @@ class Gelu(Family):
                     _parse_approximate),)
     dtypes = ew.DTYPES
     # 32 elements per thread and step spill in the scalar path (nvcc -Xptxas -v, sm_80 and sm_90).
-    space = ew.make_space(max_ept=16)
-    default_params = ew.DEFAULT_PARAMS
+    space = ew.make_space(max_ept=16, extra=(
+        Param("erf", ("erff", "logistic"), "e",
+              "erf form in fp16/bf16: CUDA's erff (26 instructions), or x / (1 + 2^(x Q(x^2))), a fitted "
+              "logistic normal CDF within 3e-5 of GELU (9 instructions); fp32 always uses erff"),))
+    default_params = {**ew.DEFAULT_PARAMS, "erf": "erff"}
     outputs = ("y",)
     # x and y hold float, fp16 or bf16 bit patterns as the kernel name's dtype tag says; approximate
     # is 1 for the tanh form, 0 for the erf form.
@@ -85,7 +109,32 @@ class Gelu(Family):
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
         if config["math"] == "half2" and problem["approximate"] == "none":
             return "math=half2 changes the tanh form only: the erf form computes in fp32 (no half erf)"
+        if config["erf"] == "logistic":
+            if problem["approximate"] == "tanh":
+                return "erf=logistic changes the erf form only"
+            if problem.dtype not in ew.HALF_TYPES:
+                return "erf=logistic applies to fp16 and bf16 only (fp32 variants render erff: the same code)"
         return ew.reject_reason(problem, config)
+
+    def seed_configs(self, problem: Problem) -> list[Config]:
+        """Up to ew.SEEDS points measured first (ew.seed_params): the vendor-like 16-byte one-pass
+        points, in half2 arithmetic for the tanh form in fp16/bf16 and with the logistic erf for
+        the erf form there; then the earlier H200 winners of the dtype and form (the erf form's
+        with the logistic erf, which only makes them cheaper). Those the pruning
+        rejects are left out; the default config where nothing is left."""
+        half = problem.dtype in ew.HALF_TYPES
+        tanh = problem["approximate"] == "tanh"
+        earlier = EARLIER_WINNERS["float32" if not half else "half_tanh" if tanh else "half_erf"]
+        erf = "logistic" if half and not tanh else "erff"
+        found: list[Config] = []
+        for params in ew.seed_params(problem, 16, packed=half and tanh, earlier=earlier):
+            params = {**params, "erf": erf}
+            if self.space.violations(params):
+                continue
+            config = self.space.check(params)
+            if config not in found and self.reject_reason(problem, config) is None:
+                found.append(config)
+        return found[:ew.SEEDS] or [self.default_config(problem)]
 
     # --- data -----------------------------------------------------------------------------
     def validation_cases(self, problem: Problem) -> list[dict]:
@@ -198,15 +247,27 @@ def _gate(xp, x, approximate: str):
     return ew.erf64(xp, x * (1.0 / math.sqrt(2.0)))
 
 
+def float_literal(value: float) -> str:
+    """A C float literal of value rounded to fp32, exactly (9 significant digits round-trip)."""
+    return f"{float(np.float32(value)):.9e}f"
+
+
 def pack_constants(dtype: str) -> dict:
-    """The constants of the packed tanh form, as two copies of the dtype's bit pattern in one
-    word (C hex literals): k0 = sqrt(2/pi), k0k1 = sqrt(2/pi) * 0.044715, half = 0.5."""
+    """The kernels' constants as C literals. fp32 (every dtype): c0, c1, the tanh form's exponent
+    x (c0 + c1 x^2) in base 2 (-2 log2(e) sqrt(2/pi) and that times 0.044715); q0..q2, the
+    logistic erf's exponent coefficients (-log2(e) LOGISTIC_P). Packed halves (fp16, bf16): k0 =
+    sqrt(2/pi), k0k1 = sqrt(2/pi) * 0.044715, half = 0.5 as two copies of the dtype's bit pattern
+    in one word (hex)."""
+    constants = {"c0": float_literal(-2.0 * LOG2E * SQRT_2_OVER_PI),
+                 "c1": float_literal(-2.0 * LOG2E * SQRT_2_OVER_PI * KAPPA)}
+    constants.update({f"q{k}": float_literal(-LOG2E * c) for k, c in enumerate(LOGISTIC_P)})
     if dtype not in ew.HALF_TYPES:
-        return {}
+        return constants
     values = np.array([SQRT_2_OVER_PI, SQRT_2_OVER_PI * KAPPA, 0.5], dtype=np.float32)
     bits = to_storage(np, values, dtype).view(np.uint16).astype(np.uint32)
     words = (bits << 16) | bits
-    return {name: f"0x{int(w):08x}" for name, w in zip(("k0", "k0k1", "half"), words)}
+    constants.update({name: f"0x{int(w):08x}" for name, w in zip(("k0", "k0k1", "half"), words)})
+    return constants
 
 
 def torch_gelu_out(torch, dtype: str, approximate: str):
