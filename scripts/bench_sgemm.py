@@ -108,6 +108,18 @@ def fp32_peak_tflops() -> dict:
             "blocks": blocks, "threads": threads, "gpu": device.name}
 
 
+# CU_FUNC_ATTRIBUTE_* numbers (cuda.h): a cupy.cuda.function.Function has no num_regs and the
+# like on CuPy 14 (only RawKernel has), so they are read from the driver.
+FUNC_ATTRIBUTES = {"registers": 4, "shared_bytes": 1, "local_bytes": 3, "max_threads_per_block": 0}
+
+
+def function_attributes(cupy, function) -> dict:
+    """Registers, static shared and local bytes per thread, and the most threads per block of a
+    loaded kernel, from cuFuncGetAttribute."""
+    return {key: int(cupy.cuda.driver.funcGetAttribute(number, function.ptr))
+            for key, number in FUNC_ATTRIBUTES.items()}
+
+
 def winner_resources(family, problem, params: dict, out: Path) -> dict:
     """Registers, shared and local memory and resident blocks per SM of a winner's main kernel,
     read from its cubin; its source in out/winners; its SASS mix when cuobjdump is on PATH."""
@@ -129,8 +141,7 @@ def winner_resources(family, problem, params: dict, out: Path) -> dict:
     module.load(cubin)
     function = module.get_function(name)
     threads = geometry(config)["threads"]
-    info = {"registers": function.num_regs, "shared_bytes": function.shared_size_bytes,
-            "local_bytes": function.local_size_bytes, "threads": threads}
+    info = {**function_attributes(cupy, function), "threads": threads}
     try:
         info["blocks_per_sm"] = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, threads, 0)
     except Exception:

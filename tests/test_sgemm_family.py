@@ -46,6 +46,7 @@ def test_space_is_thousands_of_points_and_the_default_is_valid():
     ({"block_m": 256, "block_n": 128}, "registers"),  # 512 threads x 8 x 8 outputs: over 128 registers
     ({"split_k": 4, "store_width": 4}, "store_width must be 1"),
     ({"pipeline": "sync", "block_k": 32}, "spills"),
+    ({"thread_n": 4, "block_n": 64, "fma_order": "ji"}, "8x8 thread tiles"),
 ])
 def test_constraints_reject_what_cannot_compile_or_fit(changes, reason):
     params = {**FAMILY.default_params, **changes}
@@ -77,7 +78,7 @@ def test_min_blocks_renders_into_launch_bounds_and_the_name():
     two = config(min_blocks=2)
     source = render(FAMILY, "float32", two)
     name = FAMILY.kernel_name("float32", two)
-    assert name.endswith("_mb2")
+    assert name.endswith("_mb2_foij")
     assert f"__launch_bounds__(256, 2)\n{name}(" in source
     one = render(FAMILY, "float32", config())
     assert "__launch_bounds__(256)\n" + FAMILY.kernel_name("float32", config()) + "(" in one
@@ -140,7 +141,8 @@ def test_seeds_for_large_squares_start_with_the_capped_128x128_winner():
         p = problem(*shape)
         seeds = FAMILY.seed_configs(p)
         assert 4 <= len(seeds) <= sgemm_module.SEEDS and len(set(seeds)) == len(seeds)
-        assert names(seeds)[0] == "bm128_bn128_bk8_tm8_tn8_wl4x8_vw4_sw4_pad4_plregs_sk1_mb2"
+        assert names(seeds)[0] == "bm128_bn128_bk8_tm8_tn8_wl4x8_vw4_sw4_pad4_plregs_sk1_mb2_foij"
+        assert names(seeds)[1] == "bm128_bn128_bk8_tm8_tn8_wl4x8_vw4_sw4_pad4_plregs_sk1_mb2_foji"
         assert FAMILY.default_config(p) == seeds[0]
         assert sum(c["min_blocks"] == 2 for c in seeds) >= 3 and all(c["split_k"] == 1 for c in seeds)
         assert any(c["pipeline"].startswith("async") for c in seeds)
@@ -153,6 +155,9 @@ def test_seeds_split_k_where_128x128_tiles_leave_the_gpu_under_one_wave():
     assert seeds[0]["split_k"] == 2 and seeds[0]["store_width"] == 1 and seeds[0]["min_blocks"] == 2
     assert all(FAMILY.tiles(tall, c) * c["split_k"] >= sm_count() for c in seeds)
     assert names(FAMILY.seed_configs(problem(12288, 128, 4096)))[0] == names(seeds)[0]
+    # The same tiles split deeper (4 blocks per SM: split 8 won this shape on the H100), second.
+    assert seeds[1]["split_k"] == 8 and {**seeds[1].as_dict(), "split_k": 2} == seeds[0].as_dict()
+    assert any(c["fma_order"] == "ji" for c in seeds)
     cube = problem(1024, 1024, 1024)  # 64 tiles: split 4 fills 256 blocks
     assert FAMILY.seed_configs(cube)[0]["split_k"] == 4
     skinny = problem(64, 64, 65536)  # 128-wide tiles pruned: 32 x 32 tiles split 64 ways
@@ -195,7 +200,7 @@ def test_searches_start_from_the_family_seeds_after_the_nearest_winners():
 
 def test_kernel_names_are_procedural():
     assert FAMILY.kernel_name("float32", FAMILY.default_config()) == \
-        "sgemm_f32_bm128_bn128_bk8_tm8_tn8_wl4x8_vw4_sw4_pad4_plregs_sk1_mb1"
+        "sgemm_f32_bm128_bn128_bk8_tm8_tn8_wl4x8_vw4_sw4_pad4_plregs_sk1_mb1_foij"
 
 
 # -- problems, pruning, plan ------------------------------------------------------------------------
@@ -424,6 +429,35 @@ def test_capped_variants_compile_within_128_registers_without_spills(arch, tmp_p
         text = found[FAMILY.kernel_name("float32", c)]
         assert int(re.search(r"Used (\d+) registers", text).group(1)) <= 128
         assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", text), text
+
+
+def test_fma_order_changes_only_the_order_of_the_outer_product():
+    ij = render(FAMILY, "float32", config(min_blocks=2))
+    ji = render(FAMILY, "float32", config(min_blocks=2, fma_order="ji"))
+    loop = "acc[i][j] = fmaf(a[i], b[j], acc[i][j]);"
+    assert ij.count(loop) == ji.count(loop) == 1
+    assert "for (int j = 0; j < TN; ++j)\n#pragma unroll\n                for (int i = 0; i < TM; ++i) " + loop in ji
+    assert "for (int i = 0; i < TM; ++i)\n#pragma unroll\n                for (int j = 0; j < TN; ++j) " + loop in ij
+    assert FAMILY.kernel_name("float32", config(fma_order="ji")).endswith("_mb1_foji")
+    assert sum(c["fma_order"] == "ji" for c in FAMILY.space.enumerate()) >= 2000
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_fma_order_ji_variants_compile_without_spills(arch, tmp_path):
+    from nvcc_tools import nvcc_compile
+
+    # Every pipeline at the 128-register cap, the 4096^3 seed's 8x4 warp layout, deep tiles, split-K.
+    configs = [config(min_blocks=2, fma_order="ji", pipeline=pl) for pl in ("sync", "regs", "async2", "async3")]
+    configs += [config(min_blocks=2, fma_order="ji", warp_layout="8x4"), config(fma_order="ji", block_k=16),
+                config(min_blocks=2, fma_order="ji", split_k=8, store_width=1)]
+    report = nvcc_compile([render(FAMILY, "float32", c) for c in configs], arch, tmp_path)
+    blocks = re.split(r"Compiling entry function '(\w+)'", report)[1:]
+    found = dict(zip(blocks[::2], blocks[1::2]))
+    for c in configs:
+        text = found[FAMILY.kernel_name("float32", c)]
+        assert re.search(r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads", text), text
+        if c["min_blocks"] == 2:
+            assert int(re.search(r"Used (\d+) registers", text).group(1)) <= 128
 
 
 # -- the export self-test hook, on the CPU ----------------------------------------------------------
