@@ -28,10 +28,11 @@ def catalog_files() -> list[Path]:
     return sorted(CATALOG_DIR.glob("pretuned_*.json"))
 
 
-def dump_catalog(db, gpu_name: str, path: Path) -> int:
+def dump_catalog(db, gpu_name: str, path: Path, keep: bool = False) -> int:
     """Write every winner stored for `gpu_name` in `db` (one database, or several: a list) to a
     catalog file; returns the entry count. The bench scripts of several families each fill a
-    database on the GPU; one catalog per GPU gathers them."""
+    database on the GPU; one catalog per GPU gathers them. With `keep`, the entries already in
+    the file that no database replaces (same family, dtype, shape and cache mode) stay."""
     entries = []
     for source in (db if isinstance(db, (list, tuple)) else [db]):
         for winner in source.winners(gpu_name=gpu_name):
@@ -41,8 +42,13 @@ def dump_catalog(db, gpu_name: str, path: Path) -> int:
                             "peer_name": winner.peer_name, "peer_time_us": winner.peer_time_us,
                             "margin": winner.margin, "autogen_version": winner.autogen_version,
                             "updated_at": winner.updated_at})
-    entries.sort(key=lambda e: (e["trial"]["family"], e["trial"]["dtype"], e["trial"]["shape_key"],
-                                e["trial"]["cache_mode"]))
+    def key(entry: dict) -> tuple:
+        return entry["trial"]["family"], entry["trial"]["dtype"], entry["trial"]["shape_key"], entry["trial"]["cache_mode"]
+
+    if keep and Path(path).exists():
+        replaced = {key(e) for e in entries}
+        entries += [e for e in json.loads(Path(path).read_text())["entries"] if key(e) not in replaced]
+    entries.sort(key=key)
     write_atomically(path, json.dumps({"format": FORMAT, "entries": entries}, indent=1, sort_keys=True) + "\n")
     return len(entries)
 

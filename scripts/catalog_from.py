@@ -1,7 +1,8 @@
 """Gather the winners that bench scripts stored on a GPU into the shipped catalog of that GPU.
 
-Usage: python3 scripts/catalog_from.py --gpu "NVIDIA H200" DB [DB ...]
-Writes autogen/data/pretuned_<gpu>.json (replacing it: list every database of that GPU).
+Usage: python3 scripts/catalog_from.py --gpu "NVIDIA H200" [--keep] DB [DB ...]
+Writes autogen/data/pretuned_<gpu>.json: replacing it, or with --keep adding to it (the file's
+entries for problems the databases do not hold stay).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpu", required=True, help="the GPU name the winners were stored under")
+    parser.add_argument("--keep", action="store_true", help="keep the catalog's entries no database replaces")
     parser.add_argument("databases", nargs="+", help="database URLs or SQLite files")
     args = parser.parse_args()
     from tuning_db import TuningDB
@@ -25,7 +27,7 @@ def main() -> int:
 
     slug = re.sub(r"[^a-z0-9]+", "_", args.gpu.lower()).strip("_")
     path = ROOT / "autogen" / "data" / f"pretuned_{slug}.json"
-    count = dump_catalog([TuningDB(db, readonly=True) for db in args.databases], args.gpu, path)
+    count = dump_catalog([TuningDB(db, readonly=True) for db in args.databases], args.gpu, path, keep=args.keep)
     print(f"wrote {count} winners to {path}")
     return 0 if count else 1
 

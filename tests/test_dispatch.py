@@ -90,6 +90,19 @@ def test_catalog_round_trip_and_user_db_first(tmp_path, monkeypatch, db_url):
         pretuned.pretuned_db.cache_clear()
 
 
+def test_catalog_keep_adds_to_the_file_and_replaces_what_the_databases_hold(tmp_path):
+    first, second = TuningDB(tmp_path / "first.db"), TuningDB(tmp_path / "second.db")
+    store_winner(first, H100, 16384, 16, time_us=1.9)
+    store_winner(first, H100, 4096, 4096, time_us=30.0)
+    store_winner(second, H100, 16384, 16, time_us=1.7)
+    catalog = tmp_path / "pretuned_nvidia_h100_80gb_hbm3.json"
+    pretuned.dump_catalog(first, H100.name, catalog)
+    assert pretuned.dump_catalog(second, H100.name, catalog, keep=True) == 2
+    times = {e["trial"]["shape_key"]: e["trial"]["time_us"] for e in json.loads(catalog.read_text())["entries"]}
+    assert times == {"m=16384,n=16": 1.7, "m=4096,n=4096": 30.0}
+    assert pretuned.dump_catalog(second, H100.name, catalog) == 1  # without keep: replaced
+
+
 def test_catalog_with_an_unknown_format_is_refused(tmp_path, db_url):
     bad = tmp_path / "pretuned_x.json"
     bad.write_text(json.dumps({"format": 99, "entries": []}))
