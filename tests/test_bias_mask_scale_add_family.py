@@ -15,6 +15,7 @@ from autogen.dtypes import to_float64
 from autogen.errors import UsageError
 from autogen.family import get_family
 from autogen.render import render
+from family_checks import checked_seeds
 from nvcc_tools import nvcc_or_skip
 from test_export import H100, WERROR, build_library, run, run_export, store_winner
 from test_gelu_family import sweep_visits
@@ -39,14 +40,7 @@ def test_space_size_and_constraints():
 @pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
 @pytest.mark.parametrize("n, bias_size", ((7, 7), (2**20, 4096), (2**24, 4096), (2**28, 4096), (1000 * 1024, 1000)))
 def test_seed_configs_are_valid_unpruned_and_few(dtype, n, bias_size):
-    from autogen.families import _elementwise as ew
-    problem = FAMILY.problem(dtype, n=n, bias_size=bias_size)
-    seeds = FAMILY.seed_configs(problem)
-    assert 1 <= len(seeds) <= ew.SEEDS and len(set(seeds)) == len(seeds)
-    for seed in seeds:
-        assert not FAMILY.space.violations(seed.as_dict())
-        if n >= 2**20:
-            assert FAMILY.reject_reason(problem, seed) is None
+    seeds = checked_seeds(FAMILY, FAMILY.problem(dtype, n=n, bias_size=bias_size), large=n >= 2**20)
     if bias_size == 4096:
         assert len(seeds) >= 2 and seeds[0]["vector_width"] == (4 if dtype == "float32" else 8)
 

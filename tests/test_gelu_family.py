@@ -19,6 +19,7 @@ from autogen.family import get_family
 from autogen.families import _elementwise as ew
 from autogen.families.gelu import gelu_reference, pack_constants
 from autogen.render import render
+from family_checks import checked_seeds
 from nvcc_tools import nvcc_or_skip
 from test_export import H100, WERROR, build_library, run
 
@@ -182,13 +183,7 @@ def test_erf_choice_is_pruned_where_it_changes_nothing():
 @pytest.mark.parametrize("approximate", ("tanh", "none"))
 @pytest.mark.parametrize("n", (1, 1000, 2**20, 2**24, 2**28))
 def test_seed_configs_are_valid_unpruned_and_few(dtype, approximate, n):
-    problem = FAMILY.problem(dtype, n=n, approximate=approximate)
-    seeds = FAMILY.seed_configs(problem)
-    assert 1 <= len(seeds) <= ew.SEEDS and len(set(seeds)) == len(seeds)
-    for seed in seeds:
-        assert not FAMILY.space.violations(seed.as_dict())
-        if n >= 2**20:
-            assert FAMILY.reject_reason(problem, seed) is None
+    seeds = checked_seeds(FAMILY, FAMILY.problem(dtype, n=n, approximate=approximate), large=n >= 2**20)
     if n >= 2**20:
         assert len(seeds) >= 2
         wide = 8 if dtype != "float32" else 4

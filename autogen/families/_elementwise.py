@@ -103,6 +103,19 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, earlier: tuple[dic
     return unique
 
 
+def fitting_seeds(family, problem: Problem, candidates) -> list[Config]:
+    """The first SEEDS of `candidates` (params dicts) that are valid and not pruned for
+    `problem`, without repeats; the family's default config where none is."""
+    found: list[Config] = []
+    for params in candidates:
+        if family.space.violations(params):
+            continue
+        config = family.space.check(params)
+        if config not in found and family.reject_reason(problem, config) is None:
+            found.append(config)
+    return found[:SEEDS] or [family.default_config(problem)]
+
+
 def grid_blocks(n: int, config: Config) -> int:
     """The blocks of one launch; the host launchers compute the same (elementwise.cuh.j2)."""
     block, ept = config["block_size"], config["elements_per_thread"]

@@ -83,14 +83,7 @@ class BiasMaskScaleAdd(Family):
         where nothing is left."""
         half = problem.dtype in ew.HALF_TYPES
         earlier = EARLIER_WINNERS["half" if half else "float32"]
-        found: list[Config] = []
-        for params in ew.seed_params(problem, 8, packed=half, earlier=earlier):
-            if self.space.violations(params):
-                continue
-            config = self.space.check(params)
-            if config not in found and self.reject_reason(problem, config) is None:
-                found.append(config)
-        return found[:ew.SEEDS] or [self.default_config(problem)]
+        return ew.fitting_seeds(self, problem, ew.seed_params(problem, 8, packed=half, earlier=earlier))
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
         if config["vector_width"] > 1 and problem["bias_size"] % config["vector_width"]:

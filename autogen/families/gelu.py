@@ -126,15 +126,8 @@ class Gelu(Family):
         tanh = problem["approximate"] == "tanh"
         earlier = EARLIER_WINNERS["float32" if not half else "half_tanh" if tanh else "half_erf"]
         erf = "logistic" if half and not tanh else "erff"
-        found: list[Config] = []
-        for params in ew.seed_params(problem, 16, packed=half and tanh, earlier=earlier):
-            params = {**params, "erf": erf}
-            if self.space.violations(params):
-                continue
-            config = self.space.check(params)
-            if config not in found and self.reject_reason(problem, config) is None:
-                found.append(config)
-        return found[:ew.SEEDS] or [self.default_config(problem)]
+        return ew.fitting_seeds(self, problem, ({**params, "erf": erf} for params in
+                                                ew.seed_params(problem, 16, packed=half and tanh, earlier=earlier)))
 
     # --- data -----------------------------------------------------------------------------
     def validation_cases(self, problem: Problem) -> list[dict]:

@@ -1,0 +1,17 @@
+"""Checks several family test modules share."""
+
+from __future__ import annotations
+
+
+def checked_seeds(family, problem, large: bool) -> list:
+    """Family.seed_configs(problem), checked: at least one, at most the elementwise cap, no
+    repeats, every one valid, and (for `large` problems) none pruned for the shape."""
+    from autogen.families import _elementwise as ew
+
+    seeds = family.seed_configs(problem)
+    assert 1 <= len(seeds) <= ew.SEEDS and len(set(seeds)) == len(seeds)
+    for seed in seeds:
+        assert not family.space.violations(seed.as_dict())
+        if large:
+            assert family.reject_reason(problem, seed) is None
+    return seeds
