@@ -30,6 +30,7 @@ from tuning_db.engine import display_url
 
 from .errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
 from .family import call_stream, get_family
+from .launch import launch_ex
 from .notes import note_once
 from .problem import Config, Problem, nearest, parse_shape_key, problem_of_record
 from .render import render, source_hash
@@ -90,7 +91,6 @@ class _PdlFunction:
         self.function = function
 
     def __call__(self, grid, block, args, shared_bytes=0, stream=None):
-        from .launch import launch_ex
         cupy = _cupy()
         pointer = stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
         launch_ex(self.function.ptr, grid, block, args, shared_bytes, pointer, pdl=True)

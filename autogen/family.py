@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .dtypes import DTYPES
-from .errors import ArgumentError, UsageError
+from .errors import ArgumentError, CaptureError, UsageError
 from .problem import Config, Problem, shape_distance
 from .space import Space
 
@@ -501,7 +501,6 @@ def new_output(cupy, like, shape: tuple[int, ...], dtype: str, argument: str = "
     if torch is not None and isinstance(like, torch.Tensor):
         return torch.empty(shape, dtype=getattr(torch, DTYPES[dtype].torch_name), device=like.device)
     if stream_capturing(cupy):
-        from .errors import CaptureError
         raise CaptureError(f"inside CUDA graph capture, pass {argument}= (allocated before the capture): "
                            "CuPy's memory pool cannot allocate for the graph")
     return cupy.empty(shape, dtype=DTYPES[dtype].storage)
@@ -621,8 +620,6 @@ def stream_workspace(cupy, device: int, like, owner: str, sizes: tuple[tuple[int
     stream and owner, so that a call allocates nothing once warmed up (a CUDA graph can capture
     it) and concurrent calls on different streams never share them. Inside torch.cuda.graph they
     come from the graph's pool; inside CuPy's capture without a warm-up, a CaptureError says so."""
-    from .errors import CaptureError
-
     stream = call_stream_ptr(cupy, like)
     fitting = _FITTING.get((device, stream, owner, sizes))  # the hot path: one lookup
     if fitting is not None:
