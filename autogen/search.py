@@ -187,8 +187,8 @@ class SearchLoop:
             study.add_known(self.start.measured, dists)
             study.refresh()
         self.local = study.local
+        self.judged_points: dict[tuple, tuple[Config, str] | None] = {}  # see _judged
         if isinstance(self.local.sampler, FixedSpaceTPESampler):
-            self.names_of_points: dict[tuple, str] = {}  # "" for a point never measured
             self.local.sampler.skip = self._would_skip
         self.fixed = collections.deque(self.start.seeds + exhaustive)  # asked first, in order
         self.by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
@@ -287,18 +287,25 @@ class SearchLoop:
         its model: skipping them then found worse winners (replayed sgemv 8192x16, 16 seeds, 60
         trials: median gap to the best 0.39% against 0.08%); past SKIP_MEASURED_AFTER trials
         they only cost a TPE fit each (599 of 1089 asks at 240 trials, for no better winner)."""
-        key = _key(params)
-        name = self.names_of_points.get(key)
-        if name is None:
-            valid = not self.family.space.violations(params)
-            if valid:
-                config = self.family.space.check(params)
-                valid = not self.family.reject_reason(self.problem, config) or key in self.seed_keys
-            name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits) if valid else ""
-            self.names_of_points[key] = name
-        if not name:
+        judged = self._judged(params)
+        if judged is None:
             return True
+        name = judged[1]
         return len(self.stored) >= SKIP_MEASURED_AFTER and (name in self.stored or name in self.in_flight)
+
+    def _judged(self, params: dict) -> tuple[Config, str] | None:
+        """(config, kernel name) of a point the search would measure, None for one it rejects
+        (invalid, or pruned for this shape unless it is a seed); judged once per point, for the
+        sampler's candidates (_would_skip) and the asked trials (_classify) alike."""
+        key = _key(params)
+        if key not in self.judged_points:
+            judged = None
+            if not self.family.space.violations(params):
+                config = self.family.space.check(params)
+                if not self.family.reject_reason(self.problem, config) or key in self.seed_keys:
+                    judged = config, self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
+            self.judged_points[key] = judged
+        return self.judged_points[key]
 
     def _locally_known(self, params: dict) -> bool:
         if self.family.space.violations(params):
@@ -356,13 +363,10 @@ class SearchLoop:
 
     def _classify(self, trial):
         """Reject, reuse or accept an asked trial; returns (config, name, source) to claim."""
-        params = trial.params
-        if self.family.space.violations(params):
+        judged = self._judged(trial.params)
+        if judged is None:
             return self._reject(trial)
-        config = self.family.space.check(params)
-        if self.family.reject_reason(self.problem, config) and _key(params) not in self.seed_keys:
-            return self._reject(trial)
-        name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
+        config, name = judged
         if name in self.in_flight:
             self.in_flight[name].trials.append(trial)
             return None
