@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 MAX_SETS = 256  # rotating input sets; enough to exceed 4x L2 even for tiny shapes
-TARGET_REPLAY_US = 2000.0  # one replay long enough that event resolution does not matter
+# One sample: long enough that the events' ~0.5 us resolution is 0.05% of it (2000 us doubled
+# the replay time of a search for the same winners: sgemv 16384 x 16, H100).
+TARGET_REPLAY_US = 1000.0
 MAX_LAUNCHES = 4000
 REPLAYS = 7
 
@@ -92,7 +94,9 @@ MIN_GRAPH_LAUNCHES = 128
 # Early stop: after EARLY_REPLAYS replays, a variant slower than EARLY_FACTOR x the best so far
 # keeps those samples (a valid, if shorter, measurement) and is not replayed further.
 EARLY_REPLAYS = 2
-EARLY_FACTOR = 1.5
+# 1.2: two samples of one graph differ by about 1%, so a variant 20% over the best so far after
+# two is not a finalist (the finalists are re-timed interleaved before the winner is chosen).
+EARLY_FACTOR = 1.2
 
 
 class GraphTimer:

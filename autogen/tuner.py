@@ -190,6 +190,9 @@ class Tuner:
         result.phases_s.update({f"search_{k}": round(v, 3) for k, v in sorted(counts.spent_s.items())})
         # Where the GPU worker's time went (seconds waited per request kind, start-up parts).
         result.phases_s.update({f"gpu_{k}": v for k, v in getattr(backend.evaluator, "waited_s", {}).items()})
+        # Inside the GPU worker: its evaluations' stages (load, validate, inputs, graph, replay).
+        stages = getattr(backend.evaluator, "stages_spent", None)
+        result.phases_s.update({f"gpu_eval_{k}": v for k, v in (stages() if stages else {}).items()})
         self.progress("wall time " + ", ".join(f"{k} {v:.1f} s" for k, v in result.phases_s.items()
                                                if not k.startswith(("gpu_", "search_"))))
         self.result = result
