@@ -89,7 +89,7 @@ class GpuBackend:
 
     def __exit__(self, *exc_info) -> None:
         if self.evaluator is not None:
-            self.evaluator.close()
+            self.evaluator.close(wait=False)  # nothing is left to ask of it
         self._close_pool()
 
     def _close_pool(self) -> None:

@@ -11,6 +11,7 @@ a user's family (`autogen tune mykernels.axpy ...`) gets its own flags the same 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -170,6 +171,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"autogen: database error: {_one_line(exc)}", file=sys.stderr)
             return 1
         raise
+
+
+def entry() -> None:
+    """The `autogen` command (and `python -m autogen`): main(), then leave at once. By then every
+    result is committed and every output written; the interpreter's own teardown after a tune
+    (modules, CuPy, SQLAlchemy's pools) took 0.3 s of a 5 s command on the H100 host."""
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):  # a reader that went away, or a closed stream
+        pass
+    os._exit(code)
 
 
 def _one_line(exc: BaseException) -> str:
