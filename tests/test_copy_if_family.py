@@ -73,6 +73,10 @@ def test_defaults_are_the_single_pass_kernels():
     assert first["vector_width"] == 4
     assert FAMILY.default_config(unordered).as_dict() == {**first.as_dict(), "mode": "block"}
     assert FAMILY.default_config().as_dict() == first.as_dict()
+    # An ordered search also measures the default's 8192-element tiles first.
+    seeds = FAMILY.seed_configs(ordered)
+    assert seeds[0] == first and seeds[1].as_dict() == {**first.as_dict(), "items_per_thread": 32}
+    assert FAMILY.seed_configs(unordered) == [FAMILY.default_config(unordered)]
     for problem in (ordered, unordered):
         assert FAMILY.reject_reason(problem, FAMILY.default_config(problem)) is None
     for param in ("mode", "blocks_per_sm", "scatter"):  # the state of the art is each one's first choice

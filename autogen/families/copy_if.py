@@ -184,6 +184,15 @@ class CopyIf(Family):
             return self.space.check({**config.as_dict(), "mode": "block"})
         return config
 
+    def seed_configs(self, problem: Problem) -> list[Config]:
+        """The default first; for an ordered problem also its 8192-element tiles (32 items per
+        thread): fewer tiles, so fewer look-backs, which won every ordered problem at 2^24 and
+        2^28 on the H100 (0.93-1.00x CUB against 0.81-0.87x with 16 items)."""
+        default = self.default_config(problem)
+        if problem["order"] == "unordered":
+            return [default]
+        return [default, self.space.check({**default.as_dict(), "items_per_thread": 32})]
+
     @staticmethod
     def atomics(problem: Problem, config: Config) -> int:
         """The most same-address atomics on count one launch of an unordered mode makes."""
