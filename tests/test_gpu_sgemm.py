@@ -229,7 +229,7 @@ def test_exported_selftest_passes(tmp_path, db_url):
 
     device = device_identity()
     split = dict(FAMILY.default_params, block_m=32, block_n=32, thread_m=4, thread_n=4, split_k=16,
-                 store_width=1, pipeline="async3")
+                 store_width=4, pipeline="async3")
     skinny = dict(FAMILY.default_params, block_m=64, block_n=64, thread_m=4, thread_n=4, pipeline="async2",
                   vector_width=1)
     with TuningDB(db_url) as db:

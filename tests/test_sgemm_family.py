@@ -44,7 +44,7 @@ def test_space_is_thousands_of_points_and_the_default_is_valid():
     ({"block_m": 256, "block_n": 256, "thread_m": 4, "thread_n": 8}, "threads per block"),  # 2048 / 32
     ({"block_m": 256, "block_n": 128, "block_k": 32, "pipeline": "async3"}, "shared memory"),  # 150 KiB
     ({"block_m": 256, "block_n": 128}, "registers"),  # 512 threads x 8 x 8 outputs: over 128 registers
-    ({"split_k": 4, "store_width": 4}, "store_width must be 1"),
+    ({"split_k": 4, "store_width": 1}, "store_width must be 4"),
     ({"pipeline": "sync", "block_k": 32}, "spills"),
     ({"thread_n": 4, "block_n": 64, "fma_order": "ji"}, "8x8 thread tiles"),
 ])
@@ -83,7 +83,7 @@ def test_min_blocks_renders_into_launch_bounds_and_the_name():
     one = render(FAMILY, "float32", config())
     assert "__launch_bounds__(256)\n" + FAMILY.kernel_name("float32", config()) + "(" in one
     # The split-K init kernel keeps its own bounds.
-    split = render(FAMILY, "float32", config(min_blocks=2, split_k=2, store_width=1))
+    split = render(FAMILY, "float32", config(min_blocks=2, split_k=2, store_width=4))
     assert "__launch_bounds__(256)\n" in split and "__launch_bounds__(256, 2)\n" in split
 
 
@@ -152,7 +152,7 @@ def test_seeds_for_large_squares_start_with_the_capped_128x128_winner():
 def test_seeds_split_k_where_128x128_tiles_leave_the_gpu_under_one_wave():
     tall = problem(128, 12288, 4096)  # 96 tiles of 128 x 128
     seeds = FAMILY.seed_configs(tall)
-    assert seeds[0]["split_k"] == 2 and seeds[0]["store_width"] == 1 and seeds[0]["min_blocks"] == 2
+    assert seeds[0]["split_k"] == 2 and seeds[0]["store_width"] == 4 and seeds[0]["min_blocks"] == 2
     assert all(FAMILY.tiles(tall, c) * c["split_k"] >= sm_count() for c in seeds)
     assert names(FAMILY.seed_configs(problem(12288, 128, 4096)))[0] == names(seeds)[0]
     # The same tiles split deeper (4 blocks per SM: split 8 won this shape on the H100), second.
@@ -219,11 +219,11 @@ def test_problem_validation():
 def test_reject_reasons():
     big = problem(4096, 4096, 4096)
     assert FAMILY.reject_reason(big, FAMILY.default_config()) is None
-    assert "fill the GPU" in FAMILY.reject_reason(big, config(split_k=2, store_width=1))
+    assert "fill the GPU" in FAMILY.reject_reason(big, config(split_k=2, store_width=4))
     assert "small for" in FAMILY.reject_reason(big, config(block_m=32, block_n=32, thread_m=4, thread_n=4))
     skinny = problem(64, 64, 65536)
     assert "at least twice m" in FAMILY.reject_reason(skinny, FAMILY.default_config())
-    split = config(block_m=32, block_n=32, thread_m=4, thread_n=4, split_k=32, store_width=1)
+    split = config(block_m=32, block_n=32, thread_m=4, thread_n=4, split_k=32, store_width=4)
     assert FAMILY.reject_reason(skinny, split) is None
     assert "fewer than 2 k tiles" in FAMILY.reject_reason(problem(64, 64, 256), split)
     assert "block_k=32" in FAMILY.reject_reason(problem(64, 64, 8),
@@ -231,7 +231,7 @@ def test_reject_reasons():
     # Split-K only where the tiles leave the GPU under 2 waves.
     assert sm_count() == 132  # the H100 figure off-GPU
     tall = problem(128, 12288, 4096)
-    assert FAMILY.reject_reason(tall, config(split_k=2, store_width=1)) is None  # 96 tiles
+    assert FAMILY.reject_reason(tall, config(split_k=2, store_width=4)) is None  # 96 tiles
 
 
 def test_plan_one_step_or_init_then_split():
@@ -239,7 +239,7 @@ def test_plan_one_step_or_init_then_split():
     steps = FAMILY.plan(p, FAMILY.default_config())
     assert [s.suffix for s in steps] == [""]
     assert steps[0].launch.grid == (8 * 1, 1, 1) and steps[0].launch.block == (256, 1, 1)
-    split = config(split_k=8, store_width=1)
+    split = config(split_k=8, store_width=4)
     steps = FAMILY.plan(p, split)
     assert [s.suffix for s in steps] == ["_init", ""]
     assert steps[1].launch.grid == (8, 8, 1)
@@ -449,7 +449,7 @@ def test_fma_order_ji_variants_compile_without_spills(arch, tmp_path):
     # Every pipeline at the 128-register cap, the 4096^3 seed's 8x4 warp layout, deep tiles, split-K.
     configs = [config(min_blocks=2, fma_order="ji", pipeline=pl) for pl in ("sync", "regs", "async2", "async3")]
     configs += [config(min_blocks=2, fma_order="ji", warp_layout="8x4"), config(fma_order="ji", block_k=16),
-                config(min_blocks=2, fma_order="ji", split_k=8, store_width=1)]
+                config(min_blocks=2, fma_order="ji", split_k=8, store_width=4)]
     report = nvcc_compile([render(FAMILY, "float32", c) for c in configs], arch, tmp_path)
     blocks = re.split(r"Compiling entry function '(\w+)'", report)[1:]
     found = dict(zip(blocks[::2], blocks[1::2]))
@@ -535,7 +535,7 @@ def hook_harness(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("sgemm_export")
     url = f"sqlite:///{root / 'tuning.db'}"
-    split = dict(FAMILY.default_params, block_m=32, block_n=32, thread_m=4, thread_n=4, split_k=16, store_width=1,
+    split = dict(FAMILY.default_params, block_m=32, block_n=32, thread_m=4, thread_n=4, split_k=16, store_width=4,
                  pipeline="async3")
     with TuningDB(url) as db:
         store_winner(db, H100, "sgemm", {"m": 4096, "n": 4096, "k": 4096}, dict(FAMILY.default_params), 2700.0, 2800.0)

@@ -11,7 +11,9 @@ a different ptxas register allocation (fewer same-bank operand pairs with ji, se
 
 Split-K (split_k > 1) is two steps: `_init` sets C = beta * C (or 0 without reading C when beta
 is 0), then the GEMM kernel's blocks, split_k per tile over disjoint ranges of k, add alpha times
-their partial tiles into C with atomicAdd. No workspace, so the exported launcher allocates none.
+their partial tiles into C with atomic adds (store_width 4: one red.global.add.v4.f32 per four
+floats on sm_90, scalar atomicAdd before it and at ragged edges). No workspace, so the exported
+launcher allocates none.
 """
 
 from __future__ import annotations
@@ -120,10 +122,11 @@ def _resources_fit(p) -> str | None:
     return None
 
 
-def _split_stores_scalar(p) -> str | None:
-    # Split-K adds into C with scalar atomics: store_width would only rename the same kernel.
-    if p["split_k"] > 1 and p["store_width"] > 1:
-        return "split_k > 1 stores with scalar atomicAdd: store_width must be 1"
+def _split_adds_vectors(p) -> str | None:
+    # Split-K adds four floats per vector atomic (sm_90), never fewer instructions with scalar
+    # ones; on earlier GPUs both compile to scalar atomicAdd: one variant, not two.
+    if p["split_k"] > 1 and p["store_width"] != 4:
+        return "split_k > 1 adds into C four floats at a time: store_width must be 4"
     return None
 
 
@@ -189,11 +192,11 @@ SPACE = Space(
         Param("warp_layout", ("4x8", "8x4"), "wl",
               "a warp's threads as rows x columns: the warp tile is (rows*thread_m) x (cols*thread_n)"),
         Param("vector_width", (1, 4), "vw", "floats per global load of A and B (4: 16-byte loads; 1: 4-byte)"),
-        Param("store_width", (1, 4), "sw", "floats per store of C (4: 16-byte stores)"),
+        Param("store_width", (1, 4), "sw", "floats per store of C (4: 16-byte stores; with split-K, vector atomic adds)"),
         Param("smem_pad", (0, 4), "pad", "floats of padding per shared-memory row, against bank conflicts"),
         Param("pipeline", ("sync", "regs", "async2", "async3"), "pl",
               "sync: one stage; regs: 2 stages, next tile prefetched in registers; asyncN: N cp.async stages"),
-        Param("split_k", (1, 2, 4, 8, 16, 32, 64), "sk", "blocks per tile over disjoint ranges of k (atomicAdd)"),
+        Param("split_k", (1, 2, 4, 8, 16, 32, 64), "sk", "blocks per tile over disjoint ranges of k (atomic adds into C)"),
         Param("min_blocks", (1, 2), "mb",
               "blocks per SM the kernel is compiled for: __launch_bounds__(threads, min_blocks) caps "
               "registers at 65536 / (threads * min_blocks), so that min_blocks blocks are resident"),
@@ -201,7 +204,7 @@ SPACE = Space(
               "order of each k step's outer-product FMAs in the source: ij (row by row) or ji (column by "
               "column); same arithmetic, a different ptxas register allocation (register-bank conflicts)"),
     ),
-    constraints=(_warp_tiles_fit, _resources_fit, _split_stores_scalar, _sync_depth, _occupancy_fits,
+    constraints=(_warp_tiles_fit, _resources_fit, _split_adds_vectors, _sync_depth, _occupancy_fits,
                  _fma_order_tiles),
 )
 
@@ -212,7 +215,7 @@ def _ceil(a: int, b: int) -> int:
 
 # The strongest SIMT configurations known, in order of the prior: what a search tries first
 # (Sgemm.seed_configs adapts each to the shape: split-K to fill the GPU, min_blocks where it
-# compiles, store width where split-K allows). 128 x 128 x 8 tiles with 8 x 8 thread tiles,
+# compiles, 16-byte stores or vector atomic adds). 128 x 128 x 8 tiles with 8 x 8 thread tiles,
 # 16-byte loads, A transposed in shared memory (every variant), register double buffering and
 # two resident blocks per SM first; then cp.async double buffering, the other warp layout,
 # and smaller tiles for shapes that 128 x 128 tiles leave under one wave.
@@ -310,7 +313,7 @@ class Sgemm(Family):
         for split in splits:
             for blocks in (2, 1):
                 params = {**SEED_COMMON, **template, "split_k": split, "min_blocks": blocks,
-                          "store_width": 4 if split == 1 else 1}
+                          "store_width": 4}
                 if self.space.violations(params):
                     continue
                 config = self.space.check(params)
