@@ -91,6 +91,8 @@ class MultiGpu:
         return report
 
     def run(self) -> list[TuneResult]:
+        # The owners' compile pool (GpuBackend.compile_pool: a Future) starts on a thread while
+        # the GPU workers start.
         make_pool = getattr(self.backend_factory, "compile_pool", None)
         self.pool = make_pool(self.options.workers) if callable(make_pool) else None
         threads = []
@@ -105,7 +107,7 @@ class MultiGpu:
                     thread.join(0.2)
         finally:
             if self.pool is not None:
-                self.pool.shutdown(cancel_futures=True)
+                self.pool.result().shutdown(cancel_futures=True)
         errors = [job.error for job in self.jobs if job.error is not None]
         if errors:
             raise errors[0]
