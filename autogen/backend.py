@@ -17,7 +17,7 @@ import multiprocessing
 import os
 
 from .compile import compile_cubin
-from .worker import IsolatedEvaluator, WorkSpec
+from .worker import IsolatedEvaluator, WorkSpec, stop_with_parent
 
 # Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
 _prestarted: dict = {"evaluator": None}
@@ -25,7 +25,10 @@ _prestarted: dict = {"evaluator": None}
 
 def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     context = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+    # Its workers end with this process, even one killed with SIGKILL (a helper process of
+    # autogen.distributed, say): orphaned, they would wait for tasks forever.
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=stop_with_parent,
+                                                  initargs=(os.getpid(),))
     # Spawn every compile worker now (they import NVRTC's bindings while the GPU worker starts).
     for _ in range(workers):
         pool.submit(os.getpid)

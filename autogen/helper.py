@@ -33,13 +33,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .problem import Problem
+from .worker import stop_with_parent
 
 # How long a helper that was told to stop, or whose search is over, may take to exit (it closes
 # its GPU worker and compile pool) before it is stopped with SIGTERM, then killed.
 EXIT_S = 30.0
 INTERRUPT_S = 5.0
-# How often a helper checks that its parent is alive (one killed with SIGKILL ends no child).
-PARENT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,7 @@ def _helper_main(conn, request: HelpRequest) -> None:
     # The parent's stdout carries its --json document: nothing of a helper's may go there.
     os.dup2(2, 1)
     parent = _Parent(conn)
-    _end_with_parent(os.getppid())
+    stop_with_parent(os.getppid())  # orphaned: gives its claims back and exits
     try:
         _search_as_helper(parent, request)
     except KeyboardInterrupt:
@@ -216,14 +215,3 @@ def _search_as_helper(parent: _Parent, request: HelpRequest) -> None:
             tuner.search(backend, time.monotonic() - go.elapsed_s, request.device_index, request.slot)
         finally:
             parent.send("counts", tuner.counts)  # what it measured, also when it failed midway
-
-
-def _end_with_parent(parent_pid: int) -> None:
-    """Stop this process once its parent is gone (killed with SIGKILL, say), so that it gives
-    its claims back and exits rather than search on for nobody."""
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_S)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="autogen-parent-watch", daemon=True).start()

@@ -335,6 +335,35 @@ def test_ctrl_c_ends_the_helper_processes(db_url, tmp_path):
     assert not [c for c in claims if _owner_pid(c) == helper_pid]  # given back, not left to lapse
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not: it waits to be reaped by whoever adopted it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_compile_workers_end_with_their_process():
+    # A process killed with SIGKILL (a helper process, say) must not leave its compile pool's
+    # workers waiting for tasks forever.
+    script = ("import os, time\nfrom autogen.backend import _new_pool\npool = _new_pool(1)\n"
+              "print(pool.submit(os.getpid).result(), flush=True)\ntime.sleep(60)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    worker = int(owner.stdout.readline())
+    assert _running(worker)
+    owner.kill()
+    owner.wait(10)
+    deadline = time.monotonic() + 10
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphaned = _running(worker)
+    if orphaned:
+        os.kill(worker, signal.SIGKILL)  # not left behind by a failing test
+    assert not orphaned
+
+
 def test_optuna_reads_the_studies_autogen_writes(db_url):
     _multi(db_url, [PROBLEM], trials=8, gpus=(0, 1))
     summaries = optuna.get_all_study_summaries(storage=db_url)  # what optuna-dashboard lists
