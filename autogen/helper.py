@@ -180,27 +180,44 @@ class _Parent:
             return None
 
 
+class _Stop:
+    """SIGTERM in a helper: the parent ending it (Ctrl-C, an error), or its own watch once its
+    parent is gone. While it searches, the search loop is asked to stop at its next step: it
+    gives its claims back, never cut midway through a database transaction (an exception raised
+    there can leave a connection holding SQLite's write lock, and this process's own threads
+    then wait the busy timeout out). Before, nothing is claimed: KeyboardInterrupt ends it."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.searching = False
+
+    def __call__(self, _signum, _frame) -> None:
+        if not self.searching:
+            raise KeyboardInterrupt
+        self.event.set()
+
+
 def _helper_main(conn, request: HelpRequest) -> None:
     # Ctrl-C reaches the whole process group; the parent decides, and ends its helpers with
-    # SIGTERM, raised here as KeyboardInterrupt: the search loop unwinds and gives its claims
-    # back. Ignored, SIGINT is ignored by the GPU worker and compile pool started here too: none
-    # dies under a variant in flight, each is closed by this process on its way out.
+    # SIGTERM. Ignored here, SIGINT is ignored by the GPU worker and compile pool started here
+    # too: none dies under a variant in flight, each is closed by this process on its way out.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stop = _Stop()
+    signal.signal(signal.SIGTERM, stop)
     # The parent's stdout carries its --json document: nothing of a helper's may go there.
     os.dup2(2, 1)
     parent = _Parent(conn)
-    stop_with_parent(os.getppid())  # orphaned: gives its claims back and exits
+    stop_with_parent(os.getppid())  # orphaned, it stops as if the parent had ended it
     try:
-        _search_as_helper(parent, request)
+        _search_as_helper(parent, request, stop)
     except KeyboardInterrupt:
-        pass  # stopped by the parent (SIGTERM), or orphaned: the search loop gave its claims back
+        pass  # stopped before its search
     except BaseException as exc:
         parent.send("error", f"{type(exc).__name__}: {exc}")
         raise SystemExit(1) from None
 
 
-def _search_as_helper(parent: _Parent, request: HelpRequest) -> None:
+def _search_as_helper(parent: _Parent, request: HelpRequest, stop: _Stop) -> None:
     from .tuner import Tuner
 
     tuner = Tuner(request.problem, request.options, parent.progress, request.backend_factory)
@@ -211,7 +228,10 @@ def _search_as_helper(parent: _Parent, request: HelpRequest) -> None:
         if go is None:
             return
         tuner.follow(go.device, go.start)
+        stop.searching = True
         try:
-            tuner.search(backend, time.monotonic() - go.elapsed_s, request.device_index, request.slot)
+            tuner.search(backend, time.monotonic() - go.elapsed_s, request.device_index, request.slot,
+                         stop=stop.event)
         finally:
+            stop.searching = False
             parent.send("counts", tuner.counts)  # what it measured, also when it failed midway

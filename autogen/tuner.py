@@ -169,9 +169,10 @@ class Tuner:
             self._gpus.append(device_index)
             self.counts.add(counts)
 
-    def search(self, backend, started: float, device_index: int | None = None, slot: int = 0) -> None:
+    def search(self, backend, started: float, device_index: int | None = None, slot: int = 0,
+               stop: threading.Event | None = None) -> None:
         """One worker's search loop on ``backend``'s GPU; several run at once on one problem
-        (one per GPU), each its own owner of claims in the shared study."""
+        (one per GPU), each its own owner of claims in the shared study. ``stop``: see SearchLoop."""
         from . import studies
         from .search import SearchCounts, SearchLoop
 
@@ -181,7 +182,7 @@ class Tuner:
         label = "gpu" if device_index is None else f"gpu{device_index}"
         counts = SearchCounts()
         loop = SearchLoop(self.family, self.problem, self.options, self.db, self.device, backend, self.start,
-                          counts, self.progress, owner=studies.new_owner(label), slot=slot)
+                          counts, self.progress, owner=studies.new_owner(label), slot=slot, stop=stop)
         try:
             loop.run(started)
         finally:

@@ -335,6 +335,26 @@ def test_ctrl_c_ends_the_helper_processes(db_url, tmp_path):
     assert not [c for c in claims if _owner_pid(c) == helper_pid]  # given back, not left to lapse
 
 
+def test_a_helper_process_whose_parent_is_killed_stops(db_url, tmp_path):
+    # The parent killed with SIGKILL ends nothing itself: its helper notices, gives its claims
+    # back and exits instead of searching on for nobody.
+    upgrade(db_url)
+    out = tmp_path / "parent.json"
+    parent = spawn(db_url, out, 60, 0.06, seed=0, gpus="0,1")
+    helper_pid = _owner_pid(_wait_for_helper(db_url, parent.pid))
+    parent.kill()
+    parent.wait(10)
+    deadline = time.monotonic() + 20
+    while _running(helper_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(helper_pid)
+    db = TuningDB(db_url)
+    claims = db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key, running=True)
+    assert not [c for c in claims if _owner_pid(c) == helper_pid]  # given back, not left to lapse
+    # It stopped within a poll (0.5 s); searching on, it would have spent the budget (~2 s more).
+    assert len(db.trials(DEVICE, "sgemv", "float32", PROBLEM.shape_key)) < 60
+
+
 def _running(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie does not: it waits to be reaped by whoever adopted it)."""
     try:
