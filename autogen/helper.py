@@ -20,6 +20,10 @@ The parent (autogen.distributed) and a helper talk over one pipe:
 
 A helper is spawned before its owner's begin() is over, so that its start-up (interpreter,
 imports, GPU worker, compile pool) overlaps the owner's; it waits for Go once it is ready.
+
+Stopping: a helper ignores SIGINT (Ctrl-C reaches the parent too, which decides). The parent
+ends a helper with SIGTERM, on which its search loop gives its claims back at its next step; a
+helper whose parent is gone (killed with SIGKILL) sends itself SIGTERM.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from .problem import Problem
 from .worker import stop_with_parent
 
 # How long a helper that was told to stop, or whose search is over, may take to exit (it closes
-# its GPU worker and compile pool) before it is stopped with SIGTERM, then killed.
+# its GPU worker and compile pool) before it is sent SIGTERM; and how long it then has before it
+# is killed (its search loop stops after the variant on its GPU now).
 EXIT_S = 30.0
-INTERRUPT_S = 5.0
+TERMINATE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ class HelperProcess:
         """Read what it still says until it exits (its last lines, an error after its counts),
         then reap it."""
         self._read_until(None, timeout_s=EXIT_S)
-        self.end(grace_s=INTERRUPT_S)
+        self.end(grace_s=TERMINATE_S)
 
     def end(self, grace_s: float = EXIT_S) -> None:
         """Reap the process: given ``grace_s`` to exit, then stopped with SIGTERM (its search
@@ -112,7 +117,7 @@ class HelperProcess:
         process.join(grace_s)
         if process.is_alive():
             process.terminate()
-            process.join(INTERRUPT_S)
+            process.join(TERMINATE_S)
         if process.is_alive():
             process.kill()
             process.join()
@@ -146,7 +151,7 @@ class HelperProcess:
 
     def _on_exit(self) -> None:
         self._exited = True
-        self.process.join(INTERRUPT_S)
+        self.process.join(TERMINATE_S)
         code = self.process.exitcode
         if not (self.failed or self.stopped) and code != 0:
             self.progress(f"helper process died (exit code {code})")
@@ -167,7 +172,7 @@ class _Parent:
             try:
                 self.conn.send((kind, value))
             except OSError:
-                pass  # the parent is gone; the watch below ends this process
+                pass  # the parent is gone: stop_with_parent's watch stops this process
 
     def progress(self, line: str) -> None:
         self.send("progress", line)
