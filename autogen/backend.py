@@ -17,7 +17,7 @@ import multiprocessing
 import os
 
 from .compile import compile_cubin
-from .worker import IsolatedEvaluator, WorkSpec
+from .worker import IsolatedEvaluator, WorkSpec, stop_with_parent
 
 # Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
 _prestarted: dict = {"evaluator": None}
@@ -25,11 +25,23 @@ _prestarted: dict = {"evaluator": None}
 
 def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     context = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+    # Its workers end with this process, even one killed with SIGKILL (a helper process of
+    # autogen.distributed, say): orphaned, they would wait for tasks forever.
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=stop_with_parent,
+                                                  initargs=(os.getpid(),))
     # Spawn every compile worker now (they import NVRTC's bindings while the GPU worker starts).
     for _ in range(workers):
         pool.submit(os.getpid)
     return pool
+
+
+def _new_pool_soon(workers: int) -> concurrent.futures.Future:
+    """_new_pool on a helper thread: spawning one process per core takes the spawning thread
+    ~10 ms each, while the caller goes on (the first compile waits for the pool)."""
+    starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-pool")
+    future = starter.submit(_new_pool, workers)
+    starter.shutdown(wait=False)
+    return future
 
 
 def prestart(spec: WorkSpec, workers: int, eval_timeout_s: float) -> None:
@@ -57,27 +69,28 @@ def _adopt(spec: WorkSpec, eval_timeout_s: float):
 
 class GpuBackend:
     def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float,
-                 pool: concurrent.futures.ProcessPoolExecutor | None = None):
+                 pool: concurrent.futures.ProcessPoolExecutor | concurrent.futures.Future | None = None):
         self.spec = spec
         self.workers = workers
         self.eval_timeout_s = eval_timeout_s
-        self._owns_pool = pool is None  # given: a compile pool shared by the backends of several GPUs
+        # Given: a compile pool shared by the backends of several GPUs, or the Future of one that
+        # is still starting (autogen.distributed), which the first compile waits for.
+        self._owns_pool = pool is None
         self._pool_future: concurrent.futures.Future = concurrent.futures.Future()
-        if pool is not None:
+        if isinstance(pool, concurrent.futures.Future):
+            self._pool_future = pool
+        elif pool is not None:
             self._pool_future.set_result(pool)
         self.evaluator: IsolatedEvaluator | None = None
 
     @staticmethod
-    def compile_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
-        return _new_pool(workers)
+    def compile_pool(workers: int) -> concurrent.futures.Future:
+        """A compile pool for the backends of several GPUs, started on a helper thread."""
+        return _new_pool_soon(workers)
 
     def __enter__(self) -> "GpuBackend":
         if self._owns_pool:
-            # Spawning one process per core takes the spawning thread ~10 ms each: a helper thread
-            # does it while this one goes on (the first compile waits for the pool).
-            starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-pool")
-            self._pool_future = starter.submit(_new_pool, self.workers)
-            starter.shutdown(wait=False)
+            self._pool_future = _new_pool_soon(self.workers)
         try:
             # Spawned, not waited for: the first request (or .device) waits for its context.
             self.evaluator = _adopt(self.spec, self.eval_timeout_s) or IsolatedEvaluator(self.spec,

@@ -1,13 +1,36 @@
-"""Tuning on several GPUs of one machine: one isolated evaluator per GPU, one compile pool.
+"""Tuning on several GPUs of one machine: one isolated evaluator per GPU.
 
-A thread per GPU takes the next problem nobody has started and tunes it as its owner: it starts
-the problem (warm start), runs a search loop, then re-times the finalists on its own GPU and
-stores the winner. A GPU that finds no problem left to start joins a problem still being
-searched, with a search loop of its own on the same shared study: the claims of the tuning
-database keep the two loops from measuring a variant twice and hold the trial budget, exactly as
-for workers on several machines (autogen.search). So 8 problems spread over 2 GPUs four by four,
-and 1 problem gets both GPUs; the owner waits for its helpers' loops before it re-times, so the
-winner is chosen on one GPU from every measurement.
+Problems first: a thread per GPU takes the next problem nobody has started and tunes it as its
+owner: it starts the problem (warm start), runs a search loop, then re-times the finalists on
+its own GPU and stores the winner. The owners' threads share one NVRTC compile pool.
+
+Then trials: a GPU that finds no problem left to start helps a problem still being searched,
+with a search loop of its own in a helper process (autogen.helper) on the same shared study: the
+claims of the tuning database keep the loops from measuring a variant twice and hold the trial
+budget, exactly as for workers on several machines (autogen.search). A process, not a thread of
+this one, because the search loop's host work is Python: two loops of one process take turns at
+the GIL, and a 1-GPU search is host-bound already (autogen.helper has the measurements). So 8
+problems spread over 2 GPUs four by four, and 1 problem gets both GPUs; the owner waits for its
+helpers' search loops before it re-times, so the winner is chosen on one GPU from every
+measurement, and the helpers' counts (measured, failed, taken over, time spent) are added to its
+result, which lists their GPUs.
+
+When a helper is started: its interpreter, imports, GPU worker and compile pool take a couple of
+seconds, during which it measures nothing, so a GPU helps a problem only while at least
+HELP_MIN_TRIALS_LEFT trials of its budget are neither stored nor claimed (its whole budget until
+its owner has begun); with fewer, the owner alone measures them in about the time a helper
+takes to start. Hence:
+
+* where there are fewer problems than GPUs (and the budget is large enough), the spare GPUs'
+  helpers are spawned at once, with the owners, so that their start-up overlaps the owners' own;
+  each waits for its owner's begin() before it searches;
+* at the tail of a run (a GPU done with its problems while others still search), a GPU helps only
+  a problem whose owner has most of a large budget left; otherwise it rests.
+
+An owner whose search is over waits for the helpers that are searching, never for one still
+starting: that one is told to stop once it is ready. A helper that fails or dies is reported on
+the progress output; the owner's search and result stand, and a killed helper's claimed variants
+are taken over by the owner when their leases lapse (autogen.search).
 """
 
 from __future__ import annotations
@@ -15,11 +38,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .backend import GpuBackend
 from .errors import UsageError
+from .helper import HelpRequest, HelperProcess
 from .problem import Problem
 from .tuner import TuneOptions, TuneResult, Tuner
 
@@ -55,14 +79,23 @@ def resolve_gpus(gpus, count: int) -> tuple[int, ...] | None:
     return tuple(gpus)
 
 
+# A GPU left without a problem joins one being searched only while at least this many of its
+# trials are neither stored nor claimed. A 1-GPU sgemv search measures about 30 trials a second
+# (240 in 8 s on an H200) and a helper process takes a couple of seconds to start: with fewer
+# trials left, the owner alone is done about when the helper would begin.
+HELP_MIN_TRIALS_LEFT = 60
+
+
 @dataclass
 class _Job:
     problem: Problem
     tuner: Tuner
     index: int
     state: str = "waiting"  # waiting -> searching -> finishing -> done
-    helpers: int = 0  # joined loops still running
-    joined: set = field(default_factory=set)  # GPUs that joined (each joins a problem once)
+    started: float = 0.0  # when its owner started it (time.monotonic()); helpers' timeouts count from it
+    helpers: int = 0  # helper processes started for it and not over yet
+    searching_helpers: int = 0  # those told to search: the owner waits for them before re-timing
+    joined: set = field(default_factory=set)  # GPUs that chose it to help (each does so once)
     ready: threading.Event = field(default_factory=threading.Event)  # the owner's begin() is over
     result: TuneResult | None = None
     error: BaseException | None = None
@@ -74,7 +107,7 @@ class MultiGpu:
     def __init__(self, problems: list[Problem], options: TuneOptions, progress: Callable[[str], None] = _log,
                  backend_factory=GpuBackend, on_result: Callable[[TuneResult], None] | None = None):
         self.options, self.progress = options, progress
-        self.backend_factory = backend_factory
+        self.backend_factory = backend_factory  # helper processes get it pickled: GpuBackend, or a test aid
         self.on_result = on_result
         self.gpus = tuple(options.gpus or ())
         if len(self.gpus) < 2:
@@ -82,6 +115,7 @@ class MultiGpu:
         self.jobs = [_Job(p, Tuner(p, options, self._progress_for(p), backend_factory), i)
                      for i, p in enumerate(problems)]
         self.lock = threading.Condition()
+        self.helper_processes: list[HelperProcess] = []  # every one started, reaped at the end
         self.started = time.monotonic()
 
     def _progress_for(self, problem: Problem) -> Callable[[str], None]:
@@ -91,12 +125,19 @@ class MultiGpu:
         return report
 
     def run(self) -> list[TuneResult]:
+        # The owners' compile pool (GpuBackend.compile_pool: a Future) starts on a thread while
+        # the GPU workers and helper processes start.
         make_pool = getattr(self.backend_factory, "compile_pool", None)
         self.pool = make_pool(self.options.workers) if callable(make_pool) else None
+        # The first problems go to the GPUs in order; a GPU left over starts helping at once.
+        first = dict(zip(self.gpus, self.jobs))
+        for job in first.values():
+            job.state = "searching"
         threads = []
         try:
-            for slot, gpu in enumerate(self.gpus):
-                thread = threading.Thread(target=self._gpu_main, args=(gpu, slot), name=f"gpu {gpu}", daemon=True)
+            for gpu in self.gpus:
+                thread = threading.Thread(target=self._gpu_main, args=(gpu, first.get(gpu)), name=f"gpu {gpu}",
+                                          daemon=True)
                 thread.gpu = gpu
                 thread.start()
                 threads.append(thread)
@@ -104,66 +145,76 @@ class MultiGpu:
                 while thread.is_alive():  # joined in slices, so Ctrl-C reaches this thread
                     thread.join(0.2)
         finally:
+            self._end_helpers()
             if self.pool is not None:
-                self.pool.shutdown(cancel_futures=True)
+                self.pool.result().shutdown(cancel_futures=True)
         errors = [job.error for job in self.jobs if job.error is not None]
         if errors:
             raise errors[0]
         return [job.result for job in self.jobs]
 
+    def _end_helpers(self) -> None:
+        """Reap every helper process: after a normal run they are over; after Ctrl-C or an
+        error they are stopped now (they ignore Ctrl-C themselves: autogen.helper)."""
+        with self.lock:
+            helpers = list(self.helper_processes)
+        for helper in helpers:
+            helper.end(grace_s=0)
+
     # -- one thread per GPU -------------------------------------------------------------------------
 
-    def _gpu_main(self, gpu: int, slot: int) -> None:
+    def _gpu_main(self, gpu: int, job: _Job | None) -> None:
+        owner = job is not None
         while True:
-            with self.lock:
-                job, owner = self._pick(gpu)
+            if job is None:
+                with self.lock:
+                    job, owner = self._pick(gpu)
                 if job is None:
                     return
-                if owner:
-                    job.state = "searching"
-                else:
-                    job.helpers += 1
-                    job.joined.add(gpu)
-            try:
-                if owner:
-                    self._own(job, gpu)
-                else:
-                    self._help(job, gpu, slot)
-            except BaseException as exc:  # the job fails; the GPU goes on with the others
-                self.progress(f"[gpu {gpu}] {job.problem}: {type(exc).__name__}: {exc}")
-                with self.lock:
-                    if owner or job.error is None:
-                        job.error = job.error or exc
-                    if owner:
-                        job.state = "done"
-                        job.ready.set()
-                    self.lock.notify_all()
-            finally:
-                if not owner:
-                    with self.lock:
-                        job.helpers -= 1
-                        self.lock.notify_all()
+            if owner:
+                self._own(job, gpu)
+            else:
+                self._help(job, gpu)
+            job = None
 
     def _pick(self, gpu: int) -> tuple[_Job | None, bool]:
-        """The next problem nobody started (as its owner); else the one being searched with the
-        fewest loops that this GPU has not joined yet (as a helper); else none."""
+        """Under the lock: the next problem nobody started (this GPU becomes its owner); else
+        the one being searched with the fewest helpers that this GPU has not chosen yet (to
+        help); else none."""
         for job in self.jobs:
             if job.state == "waiting":
+                job.state = "searching"
                 return job, True
         searching = [j for j in self.jobs if j.state == "searching" and gpu not in j.joined]
         if not searching:
             return None, False
-        return min(searching, key=lambda j: (j.helpers, j.index)), False
+        job = min(searching, key=lambda j: (j.helpers, j.index))
+        job.joined.add(gpu)
+        return job, False
+
+    # -- owning a problem ---------------------------------------------------------------------------
 
     def _own(self, job: _Job, gpu: int) -> None:
-        tuner, started = job.tuner, time.monotonic()
+        try:
+            self._tune(job, gpu)
+        except BaseException as exc:  # the problem fails; the GPU goes on with the others
+            self.progress(f"[gpu {gpu}] {job.problem}: {type(exc).__name__}: {exc}")
+            with self.lock:
+                job.error = exc
+                job.state = "done"
+                job.ready.set()
+                self.lock.notify_all()
+
+    def _tune(self, job: _Job, gpu: int) -> None:
+        tuner = job.tuner
+        job.started = started = time.monotonic()
         with tuner.open_backend(gpu, self.pool) as backend:
             result = tuner.begin(backend, started)
             job.ready.set()
             tuner.search(backend, started, gpu, slot=0)
             with self.lock:
-                job.state = "finishing"  # no new helper; wait for those searching
-                while job.helpers:
+                job.state = "finishing"  # no helper starts searching now; wait for those that are
+                while job.searching_helpers:
                     self.lock.wait()
             job.result = tuner.end(backend, result, started)
         with self.lock:
@@ -171,18 +222,93 @@ class MultiGpu:
         if self.on_result is not None:
             self.on_result(job.result)
 
-    def _help(self, job: _Job, gpu: int, slot: int) -> None:
-        job.ready.wait()
-        if job.error is not None or job.state != "searching":
+    # -- helping with a problem ---------------------------------------------------------------------
+
+    def _help(self, job: _Job, gpu: int) -> None:
+        """Help ``job`` from a helper process on ``gpu``; whatever goes wrong is reported and
+        leaves the owner's search alone."""
+        if not self._worth_helping(job, gpu):
             return
-        tuner = job.tuner
-        with tuner.open_backend(gpu, self.pool) as backend:
-            if backend.device.name != tuner.device.name:
-                self.progress(f"[gpu {gpu}] not helping with {job.problem}: a {backend.device.name}, "
-                              f"not a {tuner.device.name}")
+        with self.lock:
+            job.helpers += 1
+            slot = len(job.joined)
+        try:
+            self._run_helper(job, gpu, slot)
+        except Exception as exc:
+            self.progress(f"[gpu {gpu}] could not help with {job.problem}: {type(exc).__name__}: {exc}")
+        finally:
+            with self.lock:
+                job.helpers -= 1
+
+    def _worth_helping(self, job: _Job, gpu: int) -> bool:
+        """Whether enough of ``job``'s budget is left for a helper process to measure some of it
+        once started: HELP_MIN_TRIALS_LEFT trials neither stored nor claimed (its whole budget
+        while its owner's begin() is not over: nothing is claimed before)."""
+        if not job.ready.is_set():
+            left = self.options.trials
+        elif job.error is not None or job.state != "searching":
+            return False
+        else:
+            try:
+                left = self._trials_left(job)
+            except Exception as exc:  # the database away for a moment: this GPU rests
+                self.progress(f"[gpu {gpu}] not helping with {job.problem}: {type(exc).__name__}: {exc}")
+                return False
+        if left < HELP_MIN_TRIALS_LEFT:
+            self.progress(f"[gpu {gpu}] not helping with {job.problem}: {max(left, 0)} trials left, fewer "
+                          f"than the {HELP_MIN_TRIALS_LEFT} for which a helper process pays off its start")
+            return False
+        return True
+
+    def _trials_left(self, job: _Job) -> int:
+        """Trials of the budget not stored nor claimed yet (what TuningDB.claim counts)."""
+        tuner, problem, cache_mode = job.tuner, job.problem, self.options.cache_mode
+        key = (tuner.device, problem.family, problem.dtype, problem.shape_key, cache_mode)
+        stored = sum(1 for t in tuner.db.trials(*key) if t.status != "rejected")
+        return self.options.trials - stored - len(tuner.db.claims(*key, running=True))
+
+    def _run_helper(self, job: _Job, gpu: int, slot: int) -> None:
+        # The very database this process resolved; a compile pool of its own (this process's
+        # is shared by the owners), the helpers' pools together taking about as many cores again.
+        options = replace(self.options, db_url=job.tuner.db.url,
+                          workers=max(1, self.options.workers // len(self.gpus)))
+        helper = HelperProcess(HelpRequest(job.problem, options, self.backend_factory, gpu, slot),
+                               job.tuner.progress)
+        with self.lock:
+            self.helper_processes.append(helper)
+        try:
+            device = helper.ready()  # its start-up, overlapping the owner's
+            if device is None:
+                return  # it failed or died starting (reported)
+            job.ready.wait()
+            if not self._join_search(job, gpu, device, helper):
+                helper.stop()
                 return
-            self.progress(f"[gpu {gpu}] helping with {job.problem}")
-            tuner.search(backend, time.monotonic(), gpu, slot=len(job.joined))
+            try:
+                helper.go(job.tuner.device, job.tuner.start, time.monotonic() - job.started)
+                counts = helper.result()
+                if counts is not None:
+                    job.tuner.add_search(gpu, counts)
+            finally:
+                with self.lock:
+                    job.searching_helpers -= 1
+                    self.lock.notify_all()
+        finally:
+            helper.close()
+
+    def _join_search(self, job: _Job, gpu: int, device, helper: HelperProcess) -> bool:
+        """Whether a ready helper searches ``job`` (counted as searching, then): not once its
+        owner's search is over or failed, nor on a GPU of another model."""
+        with self.lock:
+            if job.state != "searching" or job.error is not None:
+                return False
+            if device.name != job.tuner.device.name:
+                self.progress(f"[gpu {gpu}] not helping with {job.problem}: a {device.name}, "
+                              f"not a {job.tuner.device.name}")
+                return False
+            job.searching_helpers += 1
+        self.progress(f"[gpu {gpu}] helping with {job.problem} (process {helper.process.pid})")
+        return True
 
 
 def tune_problems(problems: list[Problem], options: TuneOptions, progress: Callable[[str], None] = _log,

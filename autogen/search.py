@@ -14,6 +14,7 @@ import contextlib
 import logging
 import re
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -147,12 +148,14 @@ class SearchLoop:
     claimed by a live worker, or rendering the same code as one, is not measured again.
 
     ``owner`` names this worker in claims (autogen.studies.new_owner); ``slot`` is its index
-    among the loops of this process (its sampler's seed is offset by it, so two GPUs of one
-    machine do not propose the same points)."""
+    among the problem's loops (its sampler's seed is offset by it, so two GPUs of one machine do
+    not propose the same points). Once ``stop`` is set, the loop gives its claims back and ends
+    at its next step, never midway through a database transaction as an exception raised by a
+    signal would (a helper process's SIGTERM: autogen.helper)."""
 
     def __init__(self, family, problem: Problem, options, db: TuningDB, device, backend, start,
                  counts: SearchCounts, progress: Callable[[str], None], owner: str | None = None,
-                 slot: int = 0):
+                 slot: int = 0, stop: threading.Event | None = None):
         self.family, self.problem, self.options = family, problem, options
         self.db, self.device, self.backend = db, device, backend
         self.stored = dict(start.stored)  # kernel name -> TrialRecord, grows as trials complete
@@ -162,6 +165,7 @@ class SearchLoop:
         self.compile_options = " ".join(compile_options(device.arch))
         self.owner = owner or studies.new_owner()
         self.slot = slot
+        self.stop = stop or threading.Event()
         self.lease = studies.Lease(options.lease_s)
 
     def open_study(self) -> studies.SharedStudy:
@@ -222,6 +226,9 @@ class SearchLoop:
         with studies.Heartbeat(self.db, self.owner, self.lease):
             try:
                 while True:
+                    if self.stop.is_set():
+                        self._abandon()
+                        break
                     if time.monotonic() - last_check > self.lease.heartbeat_s / 2:
                         last_check = time.monotonic()
                         for entry in self._take_over_lapsed():
@@ -433,7 +440,7 @@ class SearchLoop:
             live = [c for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
                                               self.problem.shape_key, self.options.cache_mode, running=True)
                     if c.owner != self.owner]
-            if not live:
+            if not live or self.stop.is_set():
                 return []
             time.sleep(min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05)))
 

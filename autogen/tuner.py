@@ -115,25 +115,22 @@ class Tuner:
         return result
 
     def open_backend(self, device_index: int | None = None, pool=None):
-        """A backend for this problem on one GPU; ``pool``, a compile pool shared by several."""
+        """A backend for this problem on one GPU; ``pool``, a compile pool shared by several (or
+        the Future of one, starting)."""
         spec = WorkSpec.of(self.problem, self.options.cache_mode, device_index)
         extra = {"pool": pool} if pool is not None else {}
         return self.backend_factory(spec, self.options.workers, self.options.eval_timeout_s, **extra)
 
     def begin(self, backend, started: float) -> TuneResult:
         """After the first backend is up: check the problem fits, and find where to start."""
-        from . import studies
-        from .search import SearchCounts  # Optuna's import overlaps the GPU worker's start
         from .warmstart import starting_point
 
         problem, family, options = self.problem, self.family, self.options
-        if not options.refresh:  # the search's study: Optuna's storage opens while the GPU starts
-            studies.open_storage_soon(self.db.url)
+        self.open_search_soon()
         self.imported = time.monotonic()
         self._check_fits(backend.free_bytes)  # waits for the GPU worker's CUDA context
         self.device = device = backend.device
-        self.counts = SearchCounts()
-        self._gpus: list = []
+        self._start_counting()
         result = TuneResult(problem, device, None, family.bytes_moved(problem, family.timing_case(problem)),
                             family.flops(problem), roofline=family.roofline, db_url=self.db.url)
         self.progress(f"tuning {problem} on {device.name} ({device.arch}), {options.sampler} sampler, "
@@ -144,9 +141,38 @@ class Tuner:
             self.progress(f"resuming: {len(self.start.stored)} trials of this problem already in the database")
         return result
 
-    def search(self, backend, started: float, device_index: int | None = None, slot: int = 0) -> None:
+    def open_search_soon(self) -> None:
+        """Import Optuna now and open the study's storage on a thread, while the caller waits
+        for the GPU worker's CUDA context."""
+        from . import studies
+        from . import search  # noqa: F401  (Optuna)
+
+        if not self.options.refresh:
+            studies.open_storage_soon(self.db.url)
+
+    def follow(self, device, start) -> None:
+        """Search as a helper of an owner in another process (autogen.distributed): ``device``
+        and ``start`` are what the owner's begin() found. Its checks and lines are not repeated."""
+        self.device, self.start = device, start
+        self._start_counting()
+
+    def _start_counting(self) -> None:
+        from .search import SearchCounts
+
+        self.counts = SearchCounts()
+        self._gpus: list = []
+
+    def add_search(self, device_index: int | None, counts) -> None:
+        """Count one search loop's work in this problem's result: a loop of this process, or a
+        helper process's, returned to its owner."""
+        with self._lock:
+            self._gpus.append(device_index)
+            self.counts.add(counts)
+
+    def search(self, backend, started: float, device_index: int | None = None, slot: int = 0,
+               stop: threading.Event | None = None) -> None:
         """One worker's search loop on ``backend``'s GPU; several run at once on one problem
-        (one per GPU), each its own owner of claims in the shared study."""
+        (one per GPU), each its own owner of claims in the shared study. ``stop``: see SearchLoop."""
         from . import studies
         from .search import SearchCounts, SearchLoop
 
@@ -156,17 +182,15 @@ class Tuner:
         label = "gpu" if device_index is None else f"gpu{device_index}"
         counts = SearchCounts()
         loop = SearchLoop(self.family, self.problem, self.options, self.db, self.device, backend, self.start,
-                          counts, self.progress, owner=studies.new_owner(label), slot=slot)
+                          counts, self.progress, owner=studies.new_owner(label), slot=slot, stop=stop)
         try:
             loop.run(started)
         finally:
-            with self._lock:
-                self._gpus.append(device_index)
-                self.counts.add(counts)
+            self.add_search(device_index, counts)
 
     def end(self, backend, result: TuneResult, started: float) -> TuneResult:
-        """Once every search loop of this process is over: re-time the finalists on ``backend``'s
-        GPU and store the winner."""
+        """Once every search loop of this problem is over (helper processes' too): re-time the
+        finalists on ``backend``'s GPU and store the winner."""
         from .finish import finish
 
         searched = time.monotonic()
@@ -182,11 +206,12 @@ class Tuner:
         result.copy_gbs, result.fp32_tflops = end.copy_gbs, end.fp32_tflops
         result.measured, result.failed = counts.measured, counts.failed
         result.rejected, result.reused = counts.rejected, counts.reused
-        result.taken_over, result.gpus = counts.taken_over, tuple(g for g in self._gpus if g is not None)
+        result.taken_over, result.gpus = counts.taken_over, tuple(sorted(g for g in self._gpus if g is not None))
         result.wall_s = time.monotonic() - started
         result.phases_s = {"imports": round(self.imported - started, 2), "startup": round(self.ready - started, 2),
                            "search": round(searched - self.ready, 2), "finish": round(time.monotonic() - searched, 2)}
-        # Where the search loop's thread spent its time (summed over the loops of this process).
+        # Where the search loops' threads spent their time (summed over the problem's loops,
+        # helper processes' included).
         result.phases_s.update({f"search_{k}": round(v, 3) for k, v in sorted(counts.spent_s.items())})
         # Where the GPU worker's time went (seconds waited per request kind, start-up parts).
         result.phases_s.update({f"gpu_{k}": v for k, v in getattr(backend.evaluator, "waited_s", {}).items()})

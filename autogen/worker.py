@@ -13,6 +13,8 @@ import importlib
 import multiprocessing
 import os
 import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -44,6 +46,22 @@ class WorkSpec:
     @classmethod
     def of(cls, problem, cache_mode: str = "cold", device_index: int | None = None) -> "WorkSpec":
         return cls(problem.family, problem.dtype, problem.dims, cache_mode, device_index=device_index)
+
+
+# How often a child process checks that its parent is alive (stop_with_parent).
+PARENT_POLL_S = 0.5
+
+
+def stop_with_parent(parent_pid: int) -> None:
+    """Send this process SIGTERM once its parent ``parent_pid`` is gone (killed with SIGKILL,
+    say), from a daemon thread. A compile worker would otherwise wait on its task queue forever;
+    a helper process (autogen.helper) turns SIGTERM into a clean stop."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="autogen-parent-watch", daemon=True).start()
 
 
 def bind_device(device_index: int | None) -> None:

@@ -1,9 +1,10 @@
 """One tuner process for tests/test_distributed.py: the replay test aid standing in for a GPU.
 
-    python tests/distributed_worker.py DB_URL TRIALS DELAY_S LEASE_S SEED OUT.json
+    python tests/distributed_worker.py DB_URL TRIALS DELAY_S LEASE_S SEED OUT.json [GPUS]
 
 Tunes sgemv 8192 x 16 from the H100 recording, each evaluation taking DELAY_S, and writes what
-it evaluated and its counts to OUT.json (a process killed with SIGKILL writes nothing).
+it evaluated and its counts to OUT.json (a process killed with SIGKILL writes nothing). With
+GPUS ("0,1"), it tunes on those "GPUs" as `--gpus` does (autogen.distributed: helper processes).
 """
 
 from __future__ import annotations
@@ -16,21 +17,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autogen.family import get_family  # noqa: E402
+from autogen.distributed import tune_problems  # noqa: E402
 from autogen.testing.replay import ReplayBackend, load  # noqa: E402
-from autogen.tuner import TuneOptions, Tuner  # noqa: E402
+from autogen.tuner import TuneOptions  # noqa: E402
 
 ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
 PROBLEM = get_family("sgemv").problem(m=8192, n=16)
 
 
-def main(url: str, trials: str, delay_s: str, lease_s: str, seed: str, out: str) -> None:
+def _timestamped(line: str) -> None:
+    print(f"{time.time():.3f} {line}", file=sys.stderr, flush=True)
+
+
+def main(url: str, trials: str, delay_s: str, lease_s: str, seed: str, out: str, gpus: str = "") -> None:
     made: list = []
-    options = TuneOptions(db_url=url, trials=int(trials), workers=1, lease_s=float(lease_s), seed=int(seed))
+    options = TuneOptions(db_url=url, trials=int(trials), workers=1, lease_s=float(lease_s), seed=int(seed),
+                          gpus=tuple(int(g) for g in gpus.split(",")) if gpus else None)
     started = time.time()
-    tuner = Tuner(PROBLEM, options, progress=lambda line: print(f"{time.time():.3f} {line}", file=sys.stderr,
-                                                                  flush=True),
-                  backend_factory=ReplayBackend.factory(load(ASSET), delay_s=float(delay_s), made=made))
-    result = tuner.run()
+    factory = ReplayBackend.factory(load(ASSET), delay_s=float(delay_s), made=made)
+    (result,) = tune_problems([PROBLEM], options, _timestamped, backend_factory=factory)
     Path(out).write_text(json.dumps({
         "evaluated": made[0].evaluator.evaluated, "measured": result.measured, "failed": result.failed,
         "taken_over": result.taken_over, "winner": result.winner.trial.kernel_name if result.winner else None,

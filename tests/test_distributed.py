@@ -1,5 +1,6 @@
 """Several tuners on one database: claims, the global budget, take-over of a killed worker, the
-shared Optuna study, and several GPUs of one process, on SQLite and on PostgreSQL.
+shared Optuna study, and several GPUs of one machine (one problem's trials spread over helper
+processes), on SQLite and on PostgreSQL.
 
 Tuner processes run tests/distributed_worker.py with the replay test aid (timings recorded on an
 H100) and an artificial delay per evaluation, so that they overlap as on GPUs. PostgreSQL runs
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import collections
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from datetime import datetime
@@ -23,7 +26,7 @@ import optuna
 import pytest
 from tuning_db import TuningDB, upgrade
 
-from autogen import studies
+from autogen import distributed, studies
 from autogen.distributed import MultiGpu, parse_gpus, resolve_gpus
 from autogen.errors import UsageError
 from autogen.family import get_family
@@ -62,11 +65,12 @@ def url(request, tmp_path):
     admin.dispose()
 
 
-def spawn(url: str, out: Path, trials: int, delay_s: float, seed: int) -> subprocess.Popen:
+def spawn(url: str, out: Path, trials: int, delay_s: float, seed: int, gpus: str = "",
+          **popen) -> subprocess.Popen:
     log = open(out.with_suffix(".log"), "w")
     return subprocess.Popen([sys.executable, str(HERE / "distributed_worker.py"), url, str(trials), str(delay_s),
-                             str(LEASE_S), str(seed), str(out)], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+                             str(LEASE_S), str(seed), str(out), gpus], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONPATH": str(HERE.parent)}, **popen)
 
 
 def wait_all(processes, timeout_s: float = 120) -> None:
@@ -75,18 +79,18 @@ def wait_all(processes, timeout_s: float = 120) -> None:
         process.wait(max(1, deadline - time.monotonic()))
 
 
-def consistent(url: str, trials: int) -> TuningDB:
+def consistent(url: str, trials: int, problem=PROBLEM) -> TuningDB:
     """The database after the run: `trials` trials, every claim done and matching a stored trial,
     one winner pointing at an ok trial, and the shared study holding each measured variant."""
     db = TuningDB(url)
-    stored = db.trials(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+    stored = db.trials(DEVICE, "sgemv", "float32", problem.shape_key)
     assert len(stored) == trials == len({t.kernel_name for t in stored})
-    claims = db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+    claims = db.claims(DEVICE, "sgemv", "float32", problem.shape_key)
     assert all(c.state == "done" for c in claims), [c for c in claims if c.state != "done"]  # no orphan
     assert sorted(c.kernel_name for c in claims) == sorted(t.kernel_name for t in stored)
-    winner = db.winner(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+    winner = db.winner(DEVICE, "sgemv", "float32", problem.shape_key)
     assert winner.trial.status == "ok" and winner.trial.kernel_name in {t.kernel_name for t in stored}
-    study = optuna.load_study(study_name=studies.study_name(PROBLEM, "cold", DEVICE), storage=url)
+    study = optuna.load_study(study_name=studies.study_name(problem, "cold", DEVICE), storage=url)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert sorted(t.user_attrs["kernel"] for t in done) == sorted(t.kernel_name for t in stored)
     return db
@@ -177,39 +181,209 @@ def test_claims_decide_once_and_expire(url):
         ("v1", "done")]
 
 
-def _multi(url, problems, trials, gpus=(0, 1), delay_s=0.02):
+# -- several GPUs of one machine (autogen.distributed) ----------------------------------------------
+#
+# The owner of a problem searches in this process; a GPU that helps it searches in a helper
+# process of its own, whose backend (the replay aid, with its delay) is made there: `made` holds
+# the backends of this process only, and the claims name the process that measured each variant.
+
+
+def _multi(url, problems, trials, gpus=(0, 1), delay_s=0.02, **replay):
     made: list = []
+    lines: list[str] = []
     options = TuneOptions(db_url=url, trials=trials, workers=1, lease_s=LEASE_S, gpus=gpus)
-    results = MultiGpu(problems, options, progress=lambda _line: None,
-                       backend_factory=ReplayBackend.factory(RECORDING, delay_s=delay_s, made=made)).run()
-    return results, made
+    results = MultiGpu(problems, options, progress=lines.append,
+                       backend_factory=ReplayBackend.factory(RECORDING, delay_s=delay_s, made=made, **replay)).run()
+    assert multiprocessing.active_children() == []  # every helper process over and reaped
+    return results, made, lines
 
 
-def test_gpus_of_one_process_split_the_problems_then_the_trials(db_url):
-    problems = [SGEMV.problem(m=8192 + 64 * i, n=16) for i in range(3)]
-    results, made = _multi(db_url, problems, trials=12)
-    db = TuningDB(db_url)
-    for problem, result in zip(problems, results):
-        stored = db.trials(DEVICE, "sgemv", "float32", problem.shape_key)
-        assert len(stored) == 12 == result.measured + result.failed and result.winner is not None
-    by_gpu = collections.Counter()
-    for backend in made:
-        by_gpu[backend.device_index] += len(backend.evaluator.evaluated)
-    assert set(by_gpu) == {0, 1} and sum(by_gpu.values()) == 36
-    assert sum(1 for b in made if b.evaluator.retimed) == 3  # finalists re-timed once per problem
+def _claims_by_worker(url, problem=PROBLEM) -> dict[tuple[int, str], list[str]]:
+    """Kernel names of the problem's claims by the worker that holds or held them: (process id,
+    GPU label), as studies.new_owner names it."""
+    found = collections.defaultdict(list)
+    for claim in TuningDB(url).claims(DEVICE, "sgemv", "float32", problem.shape_key):
+        _host, pid, label, _tag = claim.owner.rsplit(":", 3)
+        found[(int(pid), label)].append(claim.kernel_name)
+    return found
 
 
-def test_one_problem_on_two_gpus_is_searched_by_both_and_retimed_on_one(db_url):
-    # Measurements slow enough (0.1 s) that a GPU whose worker starts late on a loaded machine
-    # still gets its share before the budget is spent.
-    results, made = _multi(db_url, [PROBLEM], trials=30, delay_s=0.1)
+def _helpers(workers: dict) -> list[tuple[int, str]]:
+    return [worker for worker in workers if worker[0] != os.getpid()]
+
+
+def test_one_problem_on_two_gpus_is_searched_by_two_processes_and_retimed_on_one(url):
+    # 60 trials (HELP_MIN_TRIALS_LEFT) of 0.06 s: the owner alone would search for 3.6 s, and the
+    # helper process starts in about 0.6 s here (a loaded machine leaves it a wide margin).
+    results, made, lines = _multi(url, [PROBLEM], trials=60, delay_s=0.06)
     (result,) = results
-    assert sorted(result.gpus) == [0, 1] and result.measured + result.failed == 30
-    assert all(len(b.evaluator.evaluated) >= 5 for b in made)  # both GPUs measured
-    assert [b.device_index for b in made if b.evaluator.retimed] == [made[0].device_index]  # the owner
-    evaluated = [n for b in made for n in b.evaluator.evaluated]
-    assert len(evaluated) == len(set(evaluated)) == 30
-    consistent(db_url, 30)
+    assert sorted(result.gpus) == [0, 1] and result.measured + result.failed == 60  # the helper's counts added
+    (owner,) = made  # the helper made its backend in its own process
+    assert owner.device_index == 0 and len(owner.evaluator.retimed) == 1  # finalists re-timed once, by the owner
+    workers = _claims_by_worker(url)
+    (helper,) = _helpers(workers)
+    assert helper[1] == "gpu1" and sorted(workers[(os.getpid(), "gpu0")]) == sorted(owner.evaluator.evaluated)
+    assert len(owner.evaluator.evaluated) >= 5 and len(workers[helper]) >= 5  # both measured several
+    consistent(url, 60)  # each variant measured once, the budget exact
+    assert any(line.startswith("[gpu 1] [") for line in lines)  # the helper's progress, prefixed
+    print(f"\n[multi-gpu {url.split(':')[0]}] 1 problem, 60 trials: owner (gpu 0) {len(owner.evaluator.evaluated)}, "
+          f"helper process (gpu 1) {len(workers[helper])}")
+
+
+def test_gpus_of_one_process_split_the_problems_then_the_trials(db_url, monkeypatch):
+    # 3 problems on 2 GPUs: one each, then the first GPU done takes the third and the other helps
+    # it from a helper process. A budget of 30 is under HELP_MIN_TRIALS_LEFT, lowered for the test
+    # (at 0.1 s a trial the third problem alone would take 3 s, ample for a helper's start).
+    monkeypatch.setattr(distributed, "HELP_MIN_TRIALS_LEFT", 20)
+    problems = [SGEMV.problem(m=8192 + 64 * i, n=16) for i in range(3)]
+    results, made, lines = _multi(db_url, problems, trials=30, delay_s=0.1)
+    # This process made the owners' backends only, one per problem over both GPUs, and each
+    # re-timed its problem's finalists once.
+    assert len(made) == 3 and {b.device_index for b in made} == {0, 1}
+    assert [len(b.evaluator.retimed) for b in made] == [1, 1, 1]
+    for problem, result in zip(problems, results):
+        consistent(db_url, 30, problem)
+        assert result.measured + result.failed == 30  # a helper's counts included
+        workers = _claims_by_worker(db_url, problem)
+        assert {int(label[3:]) for _pid, label in workers} <= set(result.gpus)
+    assert [p for p, r in zip(problems, results) if _helpers(_claims_by_worker(db_url, p))] == [problems[2]]
+    assert len(results[2].gpus) == 2
+    workers = _claims_by_worker(db_url, problems[2])
+    print(f"\n[multi-gpu] 3 problems, 30 trials: the third measured {[len(v) for v in workers.values()]} "
+          f"by its owner and a helper process")
+
+
+def test_small_budgets_get_no_helper_process(db_url):
+    # 12 trials: a helper would start when the owner is about done (HELP_MIN_TRIALS_LEFT).
+    problems = [SGEMV.problem(m=8192 + 64 * i, n=16) for i in range(3)]
+    results, made, lines = _multi(db_url, problems, trials=12)
+    for problem, result in zip(problems, results):
+        consistent(db_url, 12, problem)
+        assert result.measured + result.failed == 12 and len(result.gpus) == 1
+        assert not _helpers(_claims_by_worker(db_url, problem))
+    assert {b.device_index for b in made} == {0, 1} and sum(1 for b in made if b.evaluator.retimed) == 3
+    assert any("not helping with" in line for line in lines)
+
+
+def _wait_for_helper(url, pid: int, stored: int = 2):
+    """The first claim that a process other than ``pid`` holds, once it has stored ``stored``."""
+    db = TuningDB(url)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        claims = [c for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+                  if f":{pid}:" not in c.owner]
+        if sum(c.state == "done" for c in claims) >= stored:
+            held = next((c for c in claims if c.state == "running"), None)
+            if held is not None:
+                return held
+        time.sleep(0.02)
+    raise AssertionError("no helper process claimed a variant")
+
+
+def _owner_pid(claim) -> int:
+    return int(claim.owner.rsplit(":", 3)[1])
+
+
+def test_a_killed_helper_process_loses_nothing_and_its_trial_is_taken_over(url):
+    made: list = []
+    lines: list[str] = []
+    options = TuneOptions(db_url=url, trials=60, workers=1, lease_s=LEASE_S, gpus=(0, 1))
+    multi = MultiGpu([PROBLEM], options, progress=lines.append,
+                     backend_factory=ReplayBackend.factory(RECORDING, delay_s=0.06, made=made))
+    results: list = []
+    runner = threading.Thread(target=lambda: results.extend(multi.run()))
+    runner.start()
+    held = _wait_for_helper(url, os.getpid())
+    os.kill(_owner_pid(held), signal.SIGKILL)
+    runner.join(120)
+    assert not runner.is_alive() and multiprocessing.active_children() == []
+    (result,) = results
+    assert result.winner is not None and result.gpus == (0,)  # the helper died before its counts came back
+    db = consistent(url, 60)  # the budget exact, nothing left claimed
+    claims = db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+    claim = next(c for c in claims if c.variant == held.variant)
+    assert claim.attempts == 2 and _owner_pid(claim) == os.getpid()  # taken over by the owner
+    by_helper = [c for c in claims if _owner_pid(c) == _owner_pid(held)]  # stored before it died
+    assert result.taken_over >= 1 and result.measured + result.failed == 60 - len(by_helper)
+    assert any(line == "[gpu 1] helper process died (exit code -9)" for line in lines)
+    assert any(line.startswith(f"[gpu 0] taking over {held.kernel_name}") for line in lines)
+
+
+def test_a_helper_process_that_fails_is_reported_and_its_measurements_kept(db_url):
+    # The helper's replayed GPU raises on its 4th evaluation: its search stops, its claims in
+    # flight are given back, and its three measurements count.
+    results, made, lines = _multi(db_url, [PROBLEM], trials=60, delay_s=0.06, fault_after={1: 3})
+    (result,) = results
+    assert result.winner is not None and sorted(result.gpus) == [0, 1]
+    assert result.measured + result.failed == 60
+    (helper,) = _helpers(workers := _claims_by_worker(db_url))
+    assert len(workers[helper]) == 3
+    consistent(db_url, 60)
+    assert "[gpu 1] helper process failed: RuntimeError: replayed GPU fault after 3 evaluations" in lines
+
+
+def test_ctrl_c_ends_the_helper_processes(db_url, tmp_path):
+    # Ctrl-C reaches the terminal's whole process group; the parent stops its helper (which
+    # ignores it), the helper gives its claims back, and the parent reaps it before exiting.
+    upgrade(db_url)
+    out = tmp_path / "parent.json"
+    parent = spawn(db_url, out, 60, 0.06, seed=0, gpus="0,1", start_new_session=True)
+    helper_pid = _owner_pid(_wait_for_helper(db_url, parent.pid))
+    os.killpg(parent.pid, signal.SIGINT)
+    parent.wait(60)
+    assert parent.returncode != 0 and not out.exists()
+    assert not Path(f"/proc/{helper_pid}").exists()  # over, and reaped by its parent: no zombie
+    claims = TuningDB(db_url).claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key, running=True)
+    assert not [c for c in claims if _owner_pid(c) == helper_pid]  # given back, not left to lapse
+
+
+def test_a_helper_process_whose_parent_is_killed_stops(db_url, tmp_path):
+    # The parent killed with SIGKILL ends nothing itself: its helper notices, gives its claims
+    # back and exits instead of searching on for nobody.
+    upgrade(db_url)
+    out = tmp_path / "parent.json"
+    parent = spawn(db_url, out, 60, 0.06, seed=0, gpus="0,1")
+    helper_pid = _owner_pid(_wait_for_helper(db_url, parent.pid))
+    parent.kill()
+    parent.wait(10)
+    deadline = time.monotonic() + 20
+    while _running(helper_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(helper_pid)
+    db = TuningDB(db_url)
+    claims = db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key, running=True)
+    assert not [c for c in claims if _owner_pid(c) == helper_pid]  # given back, not left to lapse
+    # It stopped within a poll (0.5 s); searching on, it would have spent the budget (~2 s more).
+    assert len(db.trials(DEVICE, "sgemv", "float32", PROBLEM.shape_key)) < 60
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not: it waits to be reaped by whoever adopted it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_compile_workers_end_with_their_process():
+    # A process killed with SIGKILL (a helper process, say) must not leave its compile pool's
+    # workers waiting for tasks forever.
+    script = ("import os, time\nfrom autogen.backend import _new_pool\npool = _new_pool(1)\n"
+              "print(pool.submit(os.getpid).result(), flush=True)\ntime.sleep(60)\n")
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    worker = int(owner.stdout.readline())
+    assert _running(worker)
+    owner.kill()
+    owner.wait(10)
+    deadline = time.monotonic() + 10
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphaned = _running(worker)
+    if orphaned:
+        os.kill(worker, signal.SIGKILL)  # not left behind by a failing test
+    assert not orphaned
 
 
 def test_optuna_reads_the_studies_autogen_writes(db_url):

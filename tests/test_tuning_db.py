@@ -623,3 +623,31 @@ def test_concurrent_processes_lose_and_duplicate_nothing(tmp_path: Path):
             )
             assert stored == winner.trial and stored.status == "ok"
             assert winner.autogen_version.startswith("worker")
+
+
+def _locked_by(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` holds a POSIX lock on ``path`` (Linux's /proc/locks)."""
+    inode = path.stat().st_ino
+    return any(f":{inode} " in line and line.split()[4] == str(pid) for line in open("/proc/locks"))
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads the kernel's lock table (Linux)")
+def test_a_second_tuningdb_on_an_open_file_keeps_the_first_one_s_locks(tmp_path):
+    # SQLite's locks are POSIX locks, which the kernel drops for the whole process when any file
+    # descriptor of the file is closed. A second TuningDB on the same file (one per problem of a
+    # multi-GPU run) checked it with a plain open() and close(): this process then held no lock,
+    # and another process closing its last connection deleted the WAL under this one's
+    # connections (their next read: SQLITE_IOERR_SHORT_READ).
+    path = tmp_path / "shared.db"
+    url = f"sqlite:///{path}"
+    first = TuningDB(url)
+    first.winners()
+    assert _locked_by(os.getpid(), path)
+    second = TuningDB(url)
+    second.winners()
+    assert _locked_by(os.getpid(), path)
+    code = f"from tuning_db import TuningDB; TuningDB({url!r}).winners()"
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert path.with_name("shared.db-wal").exists()  # the other process was not the last one
+    assert first.winners() == [] and second.winners() == []

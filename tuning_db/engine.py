@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -236,7 +238,53 @@ def _prepare(url: str, adopt: bool = False) -> None:
     _check_file(path, url, adopt)
 
 
+# The writing engines of this process, by the SQLite file they have open: (device, inode).
+#
+# SQLite's locks are POSIX advisory locks, which the kernel drops for the whole process as soon
+# as any file descriptor of the file is closed, one SQLite does not know of included (SQLite's
+# "How To Corrupt An SQLite Database File", 2.2). Checking a file again with a plain open() and
+# close() (migrations.check_sqlite_file) while this process has connections to it would leave
+# them unlocked, unbeknown to SQLite: another process closing its last connection would take
+# itself for the last one and delete the WAL and shared-memory files under them. A file open
+# here was checked when it was opened, and stays the same file while open: it is not checked
+# again. (A second TuningDB of one file in one process: a multi-GPU run has one per problem.)
+_writers_here: dict[tuple[int, int], weakref.WeakSet] = {}
+_writers_lock = threading.Lock()
+
+
+def _file_key(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def note_writer(url: str, engine: Engine) -> None:
+    """``engine`` (a writing TuningDB's) has ``url``'s SQLite file open in this process."""
+    path = _sqlite_file(url)
+    key = _file_key(path) if path is not None else None
+    if key is not None:
+        with _writers_lock:
+            _writers_here.setdefault(key, weakref.WeakSet()).add(engine)
+
+
+def forget_writer(engine: Engine) -> None:
+    """``engine`` closed its connections (TuningDB.close)."""
+    with _writers_lock:
+        for engines in _writers_here.values():
+            engines.discard(engine)
+
+
+def _open_here(path: Path) -> bool:
+    key = _file_key(path)
+    with _writers_lock:
+        return key is not None and bool(_writers_here.get(key))
+
+
 def _check_file(path: Path, url: str, adopt: bool) -> None:
+    if _open_here(path):
+        return  # see _writers_here
     try:
         with _errors_named(url):
             migrations.check_sqlite_file(path, adopt)

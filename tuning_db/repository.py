@@ -37,8 +37,10 @@ from tuning_db.engine import (
     _create_engine,
     DatabaseError,
     display_url,
+    forget_writer,
     InvalidRowError,
     _migrate,
+    note_writer,
     _prepare,
     _readonly_engine,
     _require_head,
@@ -133,6 +135,7 @@ class TuningDB:
         except BaseException:
             self._engine.dispose()
             raise
+        note_writer(self._url, self._engine)
 
     @classmethod
     def open_readonly(cls, url: str | os.PathLike | None = None) -> TuningDB:
@@ -149,6 +152,7 @@ class TuningDB:
 
     def close(self) -> None:
         if self._engine is not None:
+            forget_writer(self._engine)
             self._engine.dispose()
 
     def __enter__(self) -> TuningDB:

@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuning_db import TuningDB
@@ -43,16 +44,20 @@ def record(db: TuningDB, device: DeviceIdentity, problem: Problem, path: Path) -
 class ReplayEvaluator:
     """Answers the calls the tuner makes of a GPU evaluator, from a recording."""
 
-    def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0):
+    def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
+                 fault_after: int | None = None):
         self.recording = recording
         self.crash_on = crash_on  # kernel names whose evaluation kills the "worker"
         self.delay_s = delay_s  # per evaluation, so that concurrent tuners overlap as on a GPU
+        self.fault_after = fault_after  # evaluations answered before evaluate raises (a lost GPU)
         self.restarts = 0
         self.evaluated: list[str] = []
         self.retimed: list[list[str]] = []
 
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
         assert kernel_name.encode() in cubin, "the source handed over is not this variant's"
+        if self.fault_after is not None and len(self.evaluated) >= self.fault_after:
+            raise RuntimeError(f"replayed GPU fault after {self.fault_after} evaluations")
         self.evaluated.append(kernel_name)
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -88,26 +93,22 @@ class ReplayBackend:
     """Drop-in for autogen.backend.GpuBackend: Tuner(..., backend_factory=ReplayBackend.factory(doc))."""
 
     def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
-                 device_index: int | None = None):
+                 device_index: int | None = None, fault_after: int | None = None):
         if recording.get("format") != RECORDING_FORMAT:
             raise ValueError(f"unsupported recording format {recording.get('format')!r}")
         self.device = DeviceIdentity(**recording["device"])
         self.device_index = device_index  # the "GPU" it stands for (autogen.distributed)
         self.free_bytes = 80 * 2**30
-        self.evaluator = ReplayEvaluator(recording, crash_on, delay_s)
+        self.evaluator = ReplayEvaluator(recording, crash_on, delay_s, fault_after)
         self.compiled: list[str] = []
 
     @classmethod
     def factory(cls, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
-                made: list | None = None):
-        """A backend_factory; every backend it makes is appended to ``made`` when given."""
-        def make(spec, _workers, _eval_timeout_s, **_shared):
-            backend = cls(recording, crash_on, delay_s, getattr(spec, "device_index", None))
-            if made is not None:
-                made.append(backend)
-            return backend
-        make.identity = lambda: DeviceIdentity(**recording["device"])  # what the tuner asks first
-        return make
+                made: list | None = None, fault_after: dict[int, int] | None = None) -> "ReplayFactory":
+        """A backend_factory; every backend it makes in this process is appended to ``made``
+        when given. ``fault_after``: GPU (device index) -> evaluations its evaluator answers
+        before it raises, as a GPU lost mid-search."""
+        return ReplayFactory(recording, frozenset(crash_on), delay_s, made, dict(fault_after or {}))
 
     def __enter__(self) -> "ReplayBackend":
         return self
@@ -120,6 +121,35 @@ class ReplayBackend:
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_result(source.encode())
         return future
+
+
+@dataclass
+class ReplayFactory:
+    """ReplayBackend.factory's backend_factory. Picklable, so that a helper process of
+    autogen.distributed builds the same replaying backends on its "GPU": ``made`` (the backends
+    made, for the tests to inspect) stays in the process that made them; a helper process
+    starts with none, and its measurements come back as its search counts."""
+
+    recording: dict
+    crash_on: frozenset[str] = frozenset()
+    delay_s: float = 0.0
+    made: list | None = None
+    fault_after: dict[int, int] = field(default_factory=dict)
+
+    def __call__(self, spec, _workers, _eval_timeout_s, **_shared) -> ReplayBackend:
+        device_index = getattr(spec, "device_index", None)
+        backend = ReplayBackend(self.recording, self.crash_on, self.delay_s, device_index,
+                                self.fault_after.get(device_index))
+        if self.made is not None:
+            self.made.append(backend)
+        return backend
+
+    def identity(self) -> DeviceIdentity:
+        """What the tuner asks first (a search complete in the database needs no backend)."""
+        return DeviceIdentity(**self.recording["device"])
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "made": None}  # another process's backends are not this list's
 
 
 def load(path: Path) -> dict:

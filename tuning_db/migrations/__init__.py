@@ -181,7 +181,10 @@ def connect_sqlite_readonly(path: Path) -> sqlite3.Connection:
     """
     base = f"file:{quote(str(path.resolve()))}?mode=ro"
     wal = path.with_name(path.name + "-wal")
-    if is_wal_file(path) and not wal.exists():
+    # The -wal first: while a connection of this process has the file open in WAL mode, the
+    # header is not read with open() and close(), which would drop that connection's locks
+    # (tuning_db.engine._writers_here).
+    if not wal.exists() and is_wal_file(path):
         return sqlite3.connect(base + "&immutable=1", uri=True, check_same_thread=False)
     connection = sqlite3.connect(base, uri=True, check_same_thread=False)
     try:
