@@ -103,7 +103,7 @@ SPACE = Space(
         Param("x_path", ("ldg", "smem", "mma"), "x",
               "x through the read-only cache (converted per use), staged in shared memory as fp32 once per "
               "block, or mma: tensor cores (mma.sync m16n8k16, fp32 accumulation), a row group of warps "
-              "computes 16*rows_per_group rows x 8 vectors, x read per lane as the B fragment"),
+              "computes 16*rows_per_group rows x 8 vectors, x staged per chunk in shared memory as the B fragment"),
         Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
         Param("batch_tile", (1, 2, 4, 8), "bt",
               "vectors per launch: each loaded weight feeds batch_tile dot products from registers"),
@@ -152,7 +152,7 @@ class Hgemv(Family):
         registers, one wave of 4096 rows on 132 SMs with 62 KiB requested per SM, where unroll=2
         had 31 KiB, short of what HBM3e needs in flight). Batches of 2 and more use the tensor
         cores (x_path=mma): one 16-row tile per row group of 4 warps splitting the columns, 4
-        steps of 32 columns in flight (84 registers); the CUDA-core form spends 8 FMAs and 8
+        steps of 32 columns in flight (70 registers); the CUDA-core form spends 8 FMAs and 8
         conversions per weight at batch 8 and needed 146-168 registers."""
         params = dict(self.default_params)
         if problem is not None:
