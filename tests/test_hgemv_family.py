@@ -635,7 +635,13 @@ def test_mma_template_uses_the_emulated_layout():
                      "mma_16x8x16(acc[r], aw[r][0][u][2 * s], aw[r][1][u][2 * s], aw[r][0][u][2 * s + 1],",
                      "aw[r][1][u][2 * s + 1], xw[u][2 * s], xw[u][2 * s + 1]);",
                      "const int h = i / 2, j = 2 * t + i % 2;",
-                     "__ldg(x + c * ldx + j0 + g)"):
+                     # x staged in shared memory: column pairs (even column in the low half) per
+                     # vector, and a lane's fragment the 8 columns col .. col + 7 of vector g
+                     "const unsigned short* src = x + c * ldx + j0;",
+                     "x_words(x, c0 + CHUNK + 2 * p, limit, ldx, j0, nv, x_whole, x_even[i]);",
+                     "x_words(x, c0 + CHUNK + 2 * p + 1, limit, ldx, j0, nv, x_whole, x_odd[i]);",
+                     "x_tile[buffer ^ 1][j][p] = __byte_perm(x_even[i][j / 2], x_odd[i][j / 2], (j % 2) ? 0x7632 : 0x5410);",
+                     "x_tile[buffer][g][(u * STEP + kw * 32 + 8 * t) / 2]"):
         assert fragment in source, fragment
 
 
@@ -659,7 +665,7 @@ def test_pdl_variant_waits_after_the_first_weights_and_before_x(index):
     body = pdl[pdl.index("extern \"C\" __global__"):]
     wait = body.index("asm volatile(\"griddepcontrol.wait")
     first_a = body.index("load_words")
-    x_reads = [body.index(p) for p in ("__ldg(x", "load_scalar(x", "x + c * BT", "x + g") if p in body]
+    x_reads = [body.index(p) for p in ("__ldg(x", "load_scalar(x", "x + c * BT", "x + g", "x_words(x") if p in body]
     y_read = body.index("to_float(*out)" if c["x_path"] == "mma" else "to_float(out[j])")
     assert first_a < wait < min(x_reads) and wait < y_read
     # no L2 prefetch of whole rows; the dependents are released after the last load, before the stores
@@ -691,5 +697,6 @@ def test_default_config_per_shape():
         c = FAMILY.default_config(FAMILY.problem(m=4096, n=4096, batch=batch))
         assert c["x_path"] == "mma" and c["batch_tile"] == tile
         assert FAMILY.reject_reason(FAMILY.problem(m=4096, n=4096, batch=batch), c) is None
-        # 4096 rows: 256 blocks of one 16-row tile, 4 warps splitting the columns
+        # 4096 rows: 256 blocks of one 16-row tile, 8 warps splitting the columns
         assert FAMILY.launch(FAMILY.problem(m=4096, n=4096, batch=batch), c).grid == (256, 1, 1)
+        assert c["threads_per_row"] == 256 and c["warps_per_block"] == 8

@@ -151,16 +151,20 @@ class Hgemv(Family):
         Batch 1 on rows of >= 1024 columns keeps 4 packs per thread in flight (unroll=4: 52
         registers, one wave of 4096 rows on 132 SMs with 62 KiB requested per SM, where unroll=2
         had 31 KiB, short of what HBM3e needs in flight). Batches of 2 and more use the tensor
-        cores (x_path=mma): one 16-row tile per row group of 4 warps splitting the columns, 4
-        steps of 32 columns in flight (70 registers); the CUDA-core form spends 8 FMAs and 8
-        conversions per weight at batch 8 and needed 146-168 registers."""
+        cores (x_path=mma): one 16-row tile per row group of warps splitting the columns, 4 steps
+        of 32 columns in flight; the CUDA-core form spends 8 FMAs and 8 conversions per weight at
+        batch 8 and needed 146-168 registers. On rows of >= 512 columns the group is 8 warps:
+        4096 rows are only 256 tiles, and 8 warps per tile ran 4096 x 4096 at batch 2, 4 and 8 in
+        14.9-15.9 us on the H100 where 4 warps took 16.9-20.3 us (14336 rows: level)."""
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
             if problem["batch"] == 1 and problem["n"] >= 1024:
                 params["unroll"] = 4
             elif problem["batch"] > 1:
-                params.update(x_path="mma", threads_per_row=128, warps_per_block=4, rows_per_group=1, unroll=4)
+                wide = problem["n"] >= 512
+                params.update(x_path="mma", threads_per_row=256 if wide else 128, warps_per_block=8 if wide else 4,
+                              rows_per_group=1, unroll=4)
         return self.space.check(params)
 
     # --- geometry -------------------------------------------------------------------------
