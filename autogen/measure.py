@@ -85,7 +85,14 @@ def timing_sets(family, problem, xp, rng, cold: bool, l2_bytes: int, free_bytes:
     if cold:
         count = min(MAX_SETS, math.ceil(4 * l2_bytes / set_bytes) + 1)
         count = max(1, min(count, int(0.5 * free_bytes // set_bytes)))
-    return [family.make_inputs(problem, xp, rng, case) for _ in range(count)]
+    sets = [family.make_inputs(problem, xp, rng, case) for _ in range(count)]
+    # The sets are written by kernels queued on the current stream, and the timing graphs replay
+    # on non-blocking streams of their own, which do not wait for it: without this wait the first
+    # variant timed on a new problem ran alongside the generation (H100: 298 us for a 45 us
+    # kernel at 14336 x 4096 x 4, three sets of 118 MB), and the search dropped it.
+    if hasattr(xp, "cuda"):
+        xp.cuda.get_current_stream().synchronize()
+    return sets
 
 
 # A timing graph holds at least this many launches: several back-to-back replays of it then

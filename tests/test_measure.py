@@ -59,3 +59,18 @@ def test_magnitude_is_the_denominator_when_given():
 def test_timing_summary():
     timing = Timing((3.0, 1.0, 2.0))
     assert timing.median_us == 2.0 and timing.spread_us == 2.0
+
+
+def test_timing_sets_wait_for_their_generation_before_any_timing():
+    # The timing graphs replay on non-blocking streams: the sets' kernels must be done first.
+    from types import SimpleNamespace
+
+    from autogen.measure import timing_sets
+
+    events = []
+    stream = SimpleNamespace(synchronize=lambda: events.append("synchronize"))
+    xp = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
+    family = SimpleNamespace(timing_case=lambda problem: {}, bytes_moved=lambda problem, case: 100,
+                             make_inputs=lambda problem, xp, rng, case: events.append("make") or {})
+    sets = timing_sets(family, None, xp, None, cold=True, l2_bytes=100, free_bytes=10**6)
+    assert len(sets) == 5 and events == ["make"] * 5 + ["synchronize"]
