@@ -187,6 +187,12 @@ class Family:
         shape (sgemm's tile shapes with split-K fitted to it)."""
         return [self.default_config(problem)]
 
+    def seed_from(self, problem: Problem, params: dict) -> dict:
+        """Another shape's winner `params` as a point to try first on `problem` (the warm start).
+        Unchanged by default; a family changes what only fits the other shape (hgemv: the batch
+        tile that covers this batch). The result is checked against the space by the caller."""
+        return params
+
     def distance(self, a: Problem, b: Problem) -> float:
         """How far apart two shapes are, for the nearest-tuned-shape fallback."""
         return shape_distance(a, b)

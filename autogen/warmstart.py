@@ -45,7 +45,13 @@ def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem
                          compute_capability=device.compute_capability, dtype=problem.dtype)
     others = [w for w in winners if w.trial.shape_key != problem.shape_key]
     ordered = nearest(problem, others, lambda w: problem_of_record(w.trial.family, w.trial.dtype, w.trial.shape_key))
-    valid = [dict(w.trial.params) for w in ordered
-             if isinstance(w.trial.params, dict) and not family.space.violations(w.trial.params)]
-    valid = valid[:NEAREST_SEEDS]
+    valid = []
+    for w in ordered:
+        if len(valid) == NEAREST_SEEDS:
+            break
+        if not isinstance(w.trial.params, dict):
+            continue
+        params = family.seed_from(problem, dict(w.trial.params))
+        if not family.space.violations(params) and params not in valid:
+            valid.append(params)
     return valid + [params for params in default if params not in valid]

@@ -700,3 +700,26 @@ def test_default_config_per_shape():
         # 4096 rows: 256 blocks of one 16-row tile, 8 warps splitting the columns
         assert FAMILY.launch(FAMILY.problem(m=4096, n=4096, batch=batch), c).grid == (256, 1, 1)
         assert c["threads_per_row"] == 256 and c["warps_per_block"] == 8
+
+
+def test_warm_start_gives_other_batches_winners_this_batch_tile():
+    from types import SimpleNamespace
+
+    from autogen import warmstart
+
+    def winner(shape_key, **params):
+        trial = SimpleNamespace(family="hgemv", dtype="float16", shape_key=shape_key,
+                                params=dict(FAMILY.default_params, **params))
+        return SimpleNamespace(trial=trial)
+
+    db = SimpleNamespace(winners=lambda **_: [winner("m=4096,n=4096,batch=1", threads_per_row=64),
+                                              winner("m=4096,n=4096,batch=8", x_path="mma", threads_per_row=256,
+                                                     warps_per_block=8, unroll=4, batch_tile=8)])
+    device = SimpleNamespace(name="GPU", compute_capability="9.0")
+    problem = FAMILY.problem(m=4096, n=4096, batch=4)
+    seeds = warmstart.seeds(db, device, FAMILY, problem, True)
+    assert all(s["batch_tile"] == 4 for s in seeds)
+    # both winners re-tiled for 4 vectors, nearest (batch 8) first
+    assert [s["x_path"] for s in seeds] == ["mma", "ldg"]
+    # the batch-8 winner re-tiled is this batch's default: tried once
+    assert seeds[0] == FAMILY.default_config(problem).as_dict()
