@@ -31,7 +31,7 @@ def config(**params):
 
 def test_space_size_and_constraints():
     configs = list(FAMILY.space.enumerate())
-    assert len(configs) == 144 * 2 == FAMILY.space.size()  # x cache (ldg, stream)
+    assert len(configs) == 144 * 3 == FAMILY.space.size()  # x cache (ldg, stream, last)
     assert {(c["vector_width"], c["elements_per_thread"]) for c in configs} == {
         (1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8)}
     assert FAMILY.space.param("elements_per_thread").choices == (1, 2, 4, 8)

@@ -36,7 +36,7 @@ def config(**params):
 
 def test_space_size_and_constraints():
     configs = list(FAMILY.space.enumerate())
-    assert len(configs) == 176 * 2 * 2 == FAMILY.space.size()  # x erf (erff, logistic) x cache (ldg, stream)
+    assert len(configs) == 176 * 2 * 3 == FAMILY.space.size()  # x erf (erff, logistic) x cache (ldg, stream, last)
     pairs = {(c["vector_width"], c["elements_per_thread"]) for c in configs}
     assert pairs == {(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)}
     assert FAMILY.space.violations({**FAMILY.default_params, "vector_width": 8, "elements_per_thread": 4})

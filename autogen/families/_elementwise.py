@@ -64,9 +64,10 @@ def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
             Param("math", ("float", "half2"), "m",
                   "half types: arithmetic in fp32, or two halves per instruction (fp16x2 / bf16x2)"),
             *extra,
-            Param("cache", ("ldg", "stream"), "c",
-                  "loads through the read-only path and plain stores, or streaming (ld.global.cs.nc, "
-                  "st.global.cs: evict-first, for data touched once)"),
+            Param("cache", ("ldg", "stream", "last"), "c",
+                  "loads through the read-only path and plain stores; streaming (ld.global.cs.nc, "
+                  "st.global.cs: evict-first, for data touched once); or last: loads with an L1 and L2 "
+                  "evict_last policy and plain stores, as Inductor's pointwise kernels"),
         ),
         constraints=(_packs_in_flight,),
     )
