@@ -7,8 +7,10 @@ come from HBM, so by default ("cold") each launch reads a set that is not in L2.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,6 +20,17 @@ MAX_SETS = 256  # rotating input sets; enough to exceed 4x L2 even for tiny shap
 TARGET_REPLAY_US = 1000.0
 MAX_LAUNCHES = 4000
 REPLAYS = 7
+
+
+@contextlib.contextmanager
+def time_into(totals: dict, key: str):
+    """Add the host wall time of the block to totals[key] (the phase breakdowns of the search
+    and of the GPU worker)."""
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        totals[key] = totals.get(key, 0.0) + time.monotonic() - began
 
 
 @dataclass(frozen=True)

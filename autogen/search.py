@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import logging
 import re
 import statistics
@@ -28,6 +27,7 @@ from tuning_db.records import TrialRecord
 from . import studies
 from .compile import compile_options
 from .errors import CompileError, UsageError
+from .measure import time_into
 from .problem import Config, Problem
 from .render import render, source_hash
 from .space import Space
@@ -320,13 +320,8 @@ class SearchLoop:
         name = self.family.kernel_name(self.problem.dtype, self.family.space.check(params), self.problem.traits)
         return name in self.stored or name in self.in_flight
 
-    @contextlib.contextmanager
     def _timed(self, part: str):
-        began = time.monotonic()
-        try:
-            yield
-        finally:
-            self.counts.spent_s[part] += time.monotonic() - began
+        return time_into(self.counts.spent_s, part)
 
     def _next(self) -> _Pending | None:
         with self._timed("ask"):

@@ -8,7 +8,6 @@ child is killed and started again while the trial that broke it is recorded as f
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import multiprocessing
 import os
@@ -21,7 +20,8 @@ from dataclasses import dataclass
 from . import roofline
 from .family import get_family
 from .gpu import device_identity, free_device_memory, require_cupy
-from .measure import EARLY_FACTOR, REPLAYS, build_timer, sample_until, time_enqueue, timing_sets, validate
+from .measure import (EARLY_FACTOR, REPLAYS, build_timer, sample_until, time_enqueue, time_into, timing_sets,
+                      validate)
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -147,13 +147,8 @@ class Evaluator:
         self._modules: dict[str, object] = {}  # keeps loaded modules alive
         self.spent_s: dict[str, float] = {}  # per stage of evaluate (load, validate, inputs, graph, replay)
 
-    @contextlib.contextmanager
     def _stage(self, name: str):
-        began = time.monotonic()
-        try:
-            yield
-        finally:
-            self.spent_s[name] = self.spent_s.get(name, 0.0) + time.monotonic() - began
+        return time_into(self.spent_s, name)
 
     def _rng(self):
         # Fresh inputs for every check: one generator per worker, seeded unpredictably once, whose
