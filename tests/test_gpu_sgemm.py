@@ -20,8 +20,10 @@ from autogen.render import render
 pytestmark = pytest.mark.gpu
 
 FAMILY = get_family("sgemm")
-# (m, n, k): tails on every edge, k under one tile, k over many split ranges, odd everything.
-SHAPES = [(1, 1, 1), (37, 41, 43), (130, 67, 300), (64, 64, 4100), (257, 129, 65), (33, 1000, 17), (5, 3, 2000)]
+# (m, n, k): tails on every edge, k under one tile, k over many split ranges, odd everything;
+# 300 x 260 x 256 has interior and edge blocks side by side (pipeline=regsedge takes both paths).
+SHAPES = [(1, 1, 1), (37, 41, 43), (130, 67, 300), (64, 64, 4100), (257, 129, 65), (33, 1000, 17), (5, 3, 2000),
+          (300, 260, 256)]
 BENCH_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4097, 4097, 4097), (1024, 1024, 1024), (1000, 1000, 1000),
                 (4096, 4096, 64), (128, 12288, 4096), (12288, 128, 4096), (64, 64, 65536)]
 

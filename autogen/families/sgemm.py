@@ -4,7 +4,8 @@ Template: templates/sgemm.cu.j2.
 The block tile (block_m x block_n x block_k), the thread tile (thread_m x thread_n) and the warp
 layout (how a warp's 32 threads tile a warp's share of the block) are parameters; the number of
 warps follows from them. Further: the width of global loads and of C stores, shared-memory
-padding, the pipeline (single stage, register prefetch, 2 or 3 cp.async stages) and split-K.
+padding, the pipeline (single stage, register prefetch with bounds checks everywhere or only in
+edge blocks, 2 or 3 cp.async stages) and split-K.
 
 fma_order (ij, ji) only reorders the unrolled outer product of a k step in the source: the same FMAs,
 a different ptxas register allocation (fewer same-bank operand pairs with ji, see the fma_order note by SEEDS).
@@ -49,14 +50,14 @@ REGISTER_OVERHEAD = 40
 # min_blocks = 2 (see _occupancy_fits): the register estimate may exceed the cap of
 # __launch_bounds__(threads, 2) by this much (ptxas then schedules tighter, without spilling);
 # only blocks of up to CAPPED_MAX_THREADS threads are capped.
-CAP_SLACK = 22  # register-staged pipelines (sync, regs) with 16-byte loads
+CAP_SLACK = 22  # register-staged pipelines (sync, regs, regsedge) with 16-byte loads
 CAP_SLACK_ASYNC = 13  # cp.async pipelines: ptxas spills from 144 registers estimated (sm_90)
 CAPPED_MAX_THREADS = 256
 MAX_COPIES = 32  # global loads (or cp.async copies) per thread per k tile: bounds code size
 MAX_THREADS = 512
 SMALL_TILE = 64 * 64  # block tiles under this are pruned where 128 x 128 tiles fill the GPU 4 times
 
-STAGES = {"sync": 1, "regs": 2, "async2": 2, "async3": 3}
+STAGES = {"sync": 1, "regs": 2, "regsedge": 2, "async2": 2, "async3": 3}
 
 
 def warp_shape(p) -> tuple[int, int]:
@@ -76,7 +77,7 @@ def geometry(p) -> dict:
     a_vw = 1 if p["pipeline"].startswith("async") else vw
     a_loads = -(-bm * bk // a_vw // threads)
     b_loads = -(-bk * bn // vw // threads)
-    prefetch = (a_loads * a_vw + b_loads * vw) if p["pipeline"] in ("sync", "regs") else 0
+    prefetch = (a_loads * a_vw + b_loads * vw) if p["pipeline"] in ("sync", "regs", "regsedge") else 0
     # Accumulators, one k step's A and B fragments (twice: the next step's are loaded early),
     # the staged global loads (1.5 registers per float: nvcc keeps copies while it transposes
     # and converts them; blocks of 32-64 threads with deep tiles spill without this), an address
@@ -146,6 +147,14 @@ def _fma_order_tiles(p) -> str | None:
     return None
 
 
+def _edge_checks_vectors(p) -> str | None:
+    # regsedge's interior loads are 16-byte vectors; with 4-byte loads it would be regs again,
+    # less the checks, in a space already near the contract test's bound.
+    if p["pipeline"] == "regsedge" and p["vector_width"] != 4:
+        return "pipeline=regsedge loads 16-byte vectors: vector_width must be 4"
+    return None
+
+
 def _occupancy_fits(p, sm_shared: int = SM_SHARED) -> str | None:
     """min_blocks = 2 (__launch_bounds__(threads, 2)): the two blocks must fit an SM together
     (threads, shared memory) and the cap must change something without making ptxas spill.
@@ -194,8 +203,9 @@ SPACE = Space(
         Param("vector_width", (1, 4), "vw", "floats per global load of A and B (4: 16-byte loads; 1: 4-byte)"),
         Param("store_width", (1, 4), "sw", "floats per store of C (4: 16-byte stores; with split-K, vector atomic adds)"),
         Param("smem_pad", (0, 4), "pad", "floats of padding per shared-memory row, against bank conflicts"),
-        Param("pipeline", ("sync", "regs", "async2", "async3"), "pl",
-              "sync: one stage; regs: 2 stages, next tile prefetched in registers; asyncN: N cp.async stages"),
+        Param("pipeline", ("sync", "regs", "regsedge", "async2", "async3"), "pl",
+              "sync: one stage; regs: 2 stages, next tile prefetched in registers; regsedge: regs with "
+              "bounds checks in edge blocks only; asyncN: N cp.async stages"),
         Param("split_k", (1, 2, 4, 8, 16, 32, 64), "sk", "blocks per tile over disjoint ranges of k (atomic adds into C)"),
         Param("min_blocks", (1, 2), "mb",
               "blocks per SM the kernel is compiled for: __launch_bounds__(threads, min_blocks) caps "
@@ -205,7 +215,7 @@ SPACE = Space(
               "column); same arithmetic, a different ptxas register allocation (register-bank conflicts)"),
     ),
     constraints=(_warp_tiles_fit, _resources_fit, _split_adds_vectors, _sync_depth, _occupancy_fits,
-                 _fma_order_tiles),
+                 _fma_order_tiles, _edge_checks_vectors),
 )
 
 
@@ -217,13 +227,19 @@ def _ceil(a: int, b: int) -> int:
 # (Sgemm.seed_configs adapts each to the shape: split-K to fill the GPU, min_blocks where it
 # compiles, 16-byte stores or vector atomic adds). 128 x 128 x 8 tiles with 8 x 8 thread tiles,
 # 16-byte loads, A transposed in shared memory (every variant), register double buffering and
-# two resident blocks per SM first; then cp.async double buffering, the other warp layout,
-# and smaller tiles for shapes that 128 x 128 tiles leave under one wave.
+# two resident blocks per SM first: with unchecked interior loads (regsedge) and with checked
+# ones (regs), since ptxas schedules the two differently and neither wins every shape (H100, A/B
+# in one process: regsedge 0.93x cuBLAS at 4096^3 where regs gave 0.86x, 1.20x at 4096 x 4096 x 64
+# against 1.08x; regs 1.02x at 1000^3 against 0.89x). Then cp.async double buffering, the other
+# warp layout, and smaller tiles for shapes that 128 x 128 tiles leave under one wave.
 SEED_TEMPLATES = (
+    dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regsedge",
+         fma_order="ji"),
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs"),
-    # The same with fewer register-bank conflicts in the SASS (the fma_order note by SEEDS); not yet timed.
+    # fma_order=ji: fewer register-bank conflicts in the SASS (the fma_order note by SEEDS).
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs",
          fma_order="ji"),
+    dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="8x4", pipeline="regsedge"),
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="async3"),
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="8x4", pipeline="regs"),
     dict(block_m=128, block_n=64, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs"),
