@@ -723,3 +723,35 @@ def test_warm_start_gives_other_batches_winners_this_batch_tile():
     assert [s["x_path"] for s in seeds] == ["mma", "ldg"]
     # the batch-8 winner re-tiled is this batch's default: tried once
     assert seeds[0] == FAMILY.default_config(problem).as_dict()
+
+
+def test_warm_start_tries_this_shape_in_the_sibling_dtype_first():
+    from types import SimpleNamespace
+
+    from autogen import warmstart
+
+    def winner(dtype, shape_key, **params):
+        trial = SimpleNamespace(family="hgemv", dtype=dtype, shape_key=shape_key,
+                                params=dict(FAMILY.default_params, **params))
+        return SimpleNamespace(trial=trial)
+
+    stored = [winner("bfloat16", "m=4096,n=11008,batch=1", threads_per_row=128),  # nearest same-dtype
+              winner("float16", "m=4096,n=14336,batch=1", threads_per_row=4, pack_width=2),  # sibling, other shape
+              winner("float16", "m=4096,n=11008,batch=1", threads_per_row=256, pack_width=8,
+                     warps_per_block=8)]
+    db = SimpleNamespace(winners=lambda dtype, **_: [w for w in stored if w.trial.dtype == dtype])
+    device = SimpleNamespace(name="GPU", compute_capability="9.0")
+    seeds = warmstart.seeds(db, device, FAMILY, FAMILY.problem("bfloat16", m=4096, n=11000), True)
+    # float16's winner of 4096 x 11000? none: only the same-dtype neighbour, then the defaults
+    assert seeds[0]["threads_per_row"] == 128 and all(s["threads_per_row"] != 4 for s in seeds)
+    seeds = warmstart.seeds(db, device, FAMILY, FAMILY.problem("bfloat16", m=4096, n=11008), True)
+    assert (seeds[0]["threads_per_row"], seeds[0]["pack_width"]) == (256, 8)  # this shape in float16
+    assert all(s["threads_per_row"] != 4 for s in seeds)  # a sibling's other shapes are not seeds
+
+
+def test_long_rows_of_one_vector_also_seed_the_long_row_config():
+    wide = FAMILY.seed_configs(FAMILY.problem("bfloat16", m=4096, n=11008))
+    assert wide[0] == FAMILY.default_config(FAMILY.problem("bfloat16", m=4096, n=11008))
+    assert FAMILY.kernel_name("bfloat16", wide[1]) == "hgemv_bf16_tpr256_pw8_wpb8_rpg2_u2_xldg_rsmem_bt1"
+    assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=11008, n=4096))) == 1
+    assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=11008, batch=4))) == 1
