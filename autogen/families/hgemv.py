@@ -171,12 +171,19 @@ class Hgemv(Family):
         return self.space.check(params)
 
     def seed_configs(self, problem: Problem) -> list[Config]:
-        """The default first; for one vector on rows of >= 8192 columns also the long-row config:
-        the block's 8 warps on 2 rows at a time, 16-byte packs, 2 in flight per thread, partial
-        sums through shared memory. H100, 4096 x 11008, eight configs re-timed in one process: it
-        ran at 95.4% of the weights floor in float16 and in bfloat16, the seven others (among them
-        both dtypes' 40-trial search winners) at 82.7-92.9%."""
+        """The default first. One vector on rows of >= 1024 columns also seeds 4 warps on 2 rows
+        each, 16-byte packs, 2 in flight: the H200's best of eleven configs at 11008 x 4096
+        (93.5% f16, 94.3% bf16 of the weights floor, where the catalog's winner ran 91%), the
+        H100's search winner at 4096 x 14336 (99%). On rows of >= 8192 columns, also the long-row
+        config: the block's 8 warps on 2 rows at a time, 2 packs in flight, partial sums through
+        shared memory. H100, 4096 x 11008, eight configs re-timed in one process: it ran at 95.4%
+        in float16 and in bfloat16, the seven others (among them both dtypes' 40-trial search
+        winners) at 82.7-92.9%."""
         seeds = [self.default_config(problem)]
+        if problem["batch"] == 1 and problem["n"] >= 1024:
+            seeds.append(self.space.check({**seeds[0].as_dict(), "threads_per_row": 128, "pack_width": 8,
+                                           "warps_per_block": 4, "rows_per_group": 2, "unroll": 2,
+                                           "x_path": "ldg", "reduce": "shfl"}))
         if problem["batch"] == 1 and problem["n"] >= LONG_ROW:
             seeds.append(self.space.check({**seeds[0].as_dict(), "threads_per_row": 256, "pack_width": 8,
                                            "warps_per_block": 8, "rows_per_group": 2, "unroll": 2,
