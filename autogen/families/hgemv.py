@@ -118,7 +118,14 @@ def batch_tile_for(batch: int) -> int:
     return min(MAX_TILE, 1 << max(0, batch - 1).bit_length())
 
 
-LONG_ROW = 8192  # columns from which batch 1 also seeds the long-row config (Hgemv.seed_configs)
+# Extra seeds for one vector, from this many columns on: (columns, the params that differ from the
+# default). Measured in Hgemv.seed_configs' docstring.
+BATCH1_SEEDS = (
+    (1024, dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=2, unroll=2,
+                x_path="ldg", reduce="shfl")),
+    (8192, dict(threads_per_row=256, pack_width=8, warps_per_block=8, rows_per_group=2, unroll=2,
+                x_path="ldg", reduce="smem")),
+)
 
 
 @register
@@ -179,16 +186,9 @@ class Hgemv(Family):
         shared memory. H100, 4096 x 11008, eight configs re-timed in one process: it ran at 95.4%
         in float16 and in bfloat16, the seven others (among them both dtypes' 40-trial search
         winners) at 82.7-92.9%."""
-        seeds = [self.default_config(problem)]
-        if problem["batch"] == 1 and problem["n"] >= 1024:
-            seeds.append(self.space.check({**seeds[0].as_dict(), "threads_per_row": 128, "pack_width": 8,
-                                           "warps_per_block": 4, "rows_per_group": 2, "unroll": 2,
-                                           "x_path": "ldg", "reduce": "shfl"}))
-        if problem["batch"] == 1 and problem["n"] >= LONG_ROW:
-            seeds.append(self.space.check({**seeds[0].as_dict(), "threads_per_row": 256, "pack_width": 8,
-                                           "warps_per_block": 8, "rows_per_group": 2, "unroll": 2,
-                                           "x_path": "ldg", "reduce": "smem"}))
-        return seeds
+        default = self.default_config(problem)
+        extra = [params for columns, params in BATCH1_SEEDS if problem["batch"] == 1 and problem["n"] >= columns]
+        return [default] + [self.space.check({**default.as_dict(), **params}) for params in extra]
 
     def seed_from(self, problem: Problem, params: dict) -> dict:
         """Another shape's winner with the batch tile of this batch: a batch-1 winner tried as it

@@ -77,7 +77,7 @@ def geometry(p) -> dict:
     a_vw = 1 if p["pipeline"].startswith("async") else vw
     a_loads = -(-bm * bk // a_vw // threads)
     b_loads = -(-bk * bn // vw // threads)
-    prefetch = (a_loads * a_vw + b_loads * vw) if p["pipeline"] in ("sync", "regs", "regsedge") else 0
+    prefetch = (a_loads * a_vw + b_loads * vw) if not p["pipeline"].startswith("async") else 0
     # Accumulators, one k step's A and B fragments (twice: the next step's are loaded early),
     # the staged global loads (1.5 registers per float: nvcc keeps copies while it transposes
     # and converts them; blocks of 32-64 threads with deep tiles spill without this), an address
