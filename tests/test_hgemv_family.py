@@ -120,6 +120,22 @@ def test_templates_use_bit_patterns_and_no_headers():
         assert ("cvt.rn.bf16.f32" in source) == (dtype == "bfloat16")
 
 
+@pytest.mark.parametrize("params, skips_l1", [
+    ({}, True), ({"x_path": "smem"}, True), ({"x_path": "mma", "batch_tile": 8}, True),
+    ({"threads_per_row": 4, "pack_width": 4}, True),  # 4 lanes x 8 bytes: whole 32-byte sectors
+    ({"threads_per_row": 8, "pack_width": 2}, True),
+    ({"threads_per_row": 4, "pack_width": 2}, False)])  # 16 bytes: half a sector per load
+def test_weights_skip_l1_where_each_load_covers_whole_sectors(params, skips_l1):
+    # A is read once per launch: its pack loads must not allocate in L1, where x is re-read, unless
+    # a load covers only part of a sector whose rest the next unrolled step reads.
+    source = render(FAMILY, "float16", config(**params))
+    body = source[source.index('extern "C" __global__'):]
+    a_loads = set(re.findall(r"(load_[a-z]+)\d\(A \+", body))
+    assert a_loads == ({"load_weights"} if skips_l1 else {"load_words"})
+    assert ("ld.global.nc.L1::no_allocate" in source) == skips_l1
+    assert not re.search(r"load_weights\d\(x", body)
+
+
 # -- problems and pruning --------------------------------------------------------------------------
 
 
@@ -664,7 +680,7 @@ def test_pdl_variant_waits_after_the_first_weights_and_before_x(index):
     assert pdl.count('asm volatile("griddepcontrol.launch_dependents') == 1
     body = pdl[pdl.index("extern \"C\" __global__"):]
     wait = body.index("asm volatile(\"griddepcontrol.wait")
-    first_a = body.index("load_words")
+    first_a = body.index("load_weights")
     x_reads = [body.index(p) for p in ("__ldg(x", "load_scalar(x", "x + c * BT", "x + g", "x_words(x") if p in body]
     y_read = body.index("to_float(*out)" if c["x_path"] == "mma" else "to_float(out[j])")
     assert first_a < wait < min(x_reads) and wait < y_read
