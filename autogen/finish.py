@@ -23,6 +23,15 @@ class Finish:
     finalists: list[TrialRecord]
     copy_gbs: float | None
     fp32_tflops: float | None
+    no_winner: str = ""  # why there is none, where winner is None
+
+
+def no_winner_reason(failed: int) -> str:
+    """Why a search ended without a winner: every variant it measured failed validation, or it
+    measured none (its time limit ran out before the first variant was compiled and checked)."""
+    if failed:
+        return f"no variant passed validation ({failed} failed)"
+    return "no variant was measured: the time limit ran out before the first one was checked"
 
 
 def finish(family, problem, options, db: TuningDB, device, backend, nothing_new: bool,
@@ -47,8 +56,9 @@ def finish(family, problem, options, db: TuningDB, device, backend, nothing_new:
     trials = db.trials(device, problem.family, problem.dtype, problem.shape_key, options.cache_mode)
     ok = sorted((t for t in trials if t.status == "ok"), key=lambda t: t.time_us)
     if not ok:
-        progress("no variant passed validation; nothing stored as winner")
-        return Finish(None, [], copy_gbs, fp32_tflops)
+        why = no_winner_reason(sum(1 for t in trials if t.status == "failed"))
+        progress(f"{why}; nothing stored as winner")
+        return Finish(None, [], copy_gbs, fp32_tflops, why)
     best = ok[: options.top_k]
     # The stored winner (another run's, maybe) is re-timed side by side with ours: set_winner
     # replaces it only on that evidence, or on the stored figures beyond its spread.

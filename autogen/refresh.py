@@ -71,7 +71,7 @@ def refresh(family, problem, options, db: TuningDB, device, backend,
         progress(f"the roofline could not be measured: {exc}")
     if not measured:
         progress("refresh: no stored variant passes here; nothing stored as winner")
-        return Finish(None, [], copy_gbs, fp32_tflops)
+        return Finish(None, [], copy_gbs, fp32_tflops, "no stored variant passed validation here")
     peer = None
     try:
         peer = evaluator.time_peer()

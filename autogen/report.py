@@ -47,6 +47,8 @@ def tune_summary(result) -> dict:
         "database": result.db_url,
         "winner": None,
     }
+    if winner is None:
+        doc["no_winner"] = getattr(result, "no_winner", "") or "no variant passed validation"
     if winner is not None:
         doc["winner"] = {
             "kernel": winner.trial.kernel_name,
@@ -75,7 +77,7 @@ def tune_table(doc: dict) -> str:
     ]
     winner = doc["winner"]
     if winner is None:
-        rows.append(("winner", "none: no variant passed validation"))
+        rows.append(("winner", "none: " + doc.get("no_winner", "no variant passed validation")))
     else:
         rows += [
             ("winner", winner["kernel"]),

@@ -64,6 +64,7 @@ class TuneResult:
     candidates: list[TrialRecord] = field(default_factory=list)
     taken_over: int = 0  # variants of a dead worker measured by this run
     gpus: tuple = ()  # the GPUs (device ordinals) that measured this problem's variants
+    no_winner: str = ""  # why there is no winner (autogen.finish), where there is none
 
 
 def _log(message: str) -> None:
@@ -202,7 +203,7 @@ class Tuner:
     def _done(self, backend, result: TuneResult, end, started: float, searched: float) -> TuneResult:
         counts = self.counts
         result.worker_restarts = backend.evaluator.restarts
-        result.winner, result.candidates = end.winner, end.finalists
+        result.winner, result.candidates, result.no_winner = end.winner, end.finalists, end.no_winner
         result.copy_gbs, result.fp32_tflops = end.copy_gbs, end.fp32_tflops
         result.measured, result.failed = counts.measured, counts.failed
         result.rejected, result.reused = counts.rejected, counts.reused

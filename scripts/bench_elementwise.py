@@ -285,7 +285,7 @@ def summarize(doc: dict) -> dict:
 def row_text(doc: dict) -> str:
     s = doc["summary"]
     if s["ours_us"] is None:
-        return f"{label_of(doc):<22} no variant passed validation"
+        return f"{label_of(doc):<22} {doc.get('no_winner', 'no variant passed validation')}"
 
     def num(value, fmt):
         return format(value, fmt) if value is not None else f"{'-':>{len(format(1.0, fmt))}}"

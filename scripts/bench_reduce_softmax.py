@@ -40,7 +40,7 @@ def row_text(doc: dict) -> str:
     label = f"{problem['family']} {problem['dtype'].replace('float', 'f')} {shape}"
     w = doc["winner"]
     if w is None:
-        return f"{label:<26} no variant passed validation"
+        return f"{label:<26} {doc.get('no_winner', 'no variant passed validation')}"
     peer_us = w.get("peer_time_us")
     peer = f"{peer_us:>9.2f}" if peer_us else f"{'n/a':>9}"
     speedup = f"{w['speedup_vs_peer']:>7.2f}" if w.get("speedup_vs_peer") else f"{'n/a':>7}"

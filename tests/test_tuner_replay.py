@@ -114,3 +114,24 @@ def test_same_seed_same_search(db_url):
     _, first = run(db_url, trials=15, seed=7)
     _, second = run(db_url.replace("tuning.db", "again.db"), trials=15, seed=7)
     assert first.evaluator.evaluated == second.evaluator.evaluated
+
+
+def test_no_winner_says_whether_variants_failed_or_none_was_measured(db_url, tmp_path):
+    from autogen.report import tune_summary, tune_table
+    lines = []
+    # Every variant the recording lacks fails ("not in the recording").
+    failing = ReplayBackend({**RECORDING, "trials": {}})
+    tuner = Tuner(PROBLEM, TuneOptions(db_url=db_url, workers=1, trials=5), progress=lines.append,
+                  backend_factory=lambda *_args: failing)
+    result = tuner.run()
+    assert result.winner is None and result.failed == 5
+    assert result.no_winner == "no variant passed validation (5 failed)"
+    assert "none: no variant passed validation (5 failed)" in tune_table(tune_summary(result))
+    # A time limit that runs out before the first variant is checked measures nothing: not a
+    # validation failure.
+    slow = ReplayBackend(RECORDING, delay_s=0.5)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    result = Tuner(PROBLEM, TuneOptions(db_url=other, workers=1, trials=5, timeout_s=0.01),
+                   progress=lines.append, backend_factory=lambda *_args: slow).run()
+    assert result.winner is None and result.measured == result.failed == 0
+    assert tune_summary(result)["no_winner"].startswith("no variant was measured: the time limit ran out")
