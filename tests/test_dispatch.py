@@ -135,3 +135,14 @@ def test_concurrent_first_calls_build_the_kernel_once(dispatcher, monkeypatch):
     for thread in threads:
         thread.join()
     assert len(builds) == 1 and len(served) == 8 and all(s is served[0] for s in served)
+
+
+@pytest.mark.parametrize("path", pretuned.catalog_files(), ids=lambda p: p.name)
+def test_shipped_catalog_holds_no_stale_kernel(path):
+    # A template change that alters a shipped winner's source makes it stale: served only after
+    # a validation on first use and marked stale by `autogen list`. Such a change must re-tune
+    # the catalog's problems (scripts/catalog_from.py) in the same commit.
+    from autogen.environment import winner_source_hash
+    stale = [f"{w.trial.family} {w.trial.dtype} {w.trial.shape_key}" for w in pretuned.load_catalog(path)
+             if winner_source_hash(get_family(w.trial.family), w) != w.trial.source_hash]
+    assert not stale, f"{len(stale)} stale: {stale[:5]}"
