@@ -81,3 +81,18 @@ def test_search_prunes_variants_that_overshoot_small_rows():
     assert "spans over twice n=16" in FAMILY.reject_reason(problem, wide)
     narrow = FAMILY.space.check({**FAMILY.default_params, "threads_per_row": 4, "unroll": 1})
     assert FAMILY.reject_reason(problem, narrow) is None
+
+
+@pytest.mark.parametrize("params", [{}, {"vector_width": 1, "threads_per_row": 4}, {"vector_width": 2, "x_path": "smem"},
+                                    {"vector_width": 4, "threads_per_row": 256, "warps_per_block": 8}])
+def test_matrix_loads_skip_l1_and_x_loads_keep_it(params):
+    # A is read once per launch; x is re-read by every row group: only A's loads may bypass L1.
+    import re
+    from autogen.render import render
+    config = FAMILY.space.check({**FAMILY.default_params, **params})
+    source = render(FAMILY, "float32", config)
+    body = source[source.index('extern "C" __global__'):]
+    a_loads = re.findall(r"(\w+)\((?:reinterpret_cast<const float\d?\*>\()?A \+", body)
+    assert a_loads and set(a_loads) == {"load_once"}
+    assert not re.search(r"load_once\((?:reinterpret_cast<const float\d?\*>\()?x \+", body)
+    assert "ld.global.nc.L1::no_allocate" in source
