@@ -49,7 +49,7 @@ def tune_summary(result) -> dict:
     }
     if winner is None:
         doc["no_winner"] = getattr(result, "no_winner", "") or "no variant passed validation"
-    if winner is not None:
+    else:
         doc["winner"] = {
             "kernel": winner.trial.kernel_name,
             "params": winner.trial.params,
