@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from tuning_db import TuningDB
+from tuning_db.records import TrialRecord, WinnerRecord
 
 from autogen.family import get_family
 from autogen.testing.replay import ReplayBackend, load
@@ -21,6 +22,18 @@ if not ASSET.exists():  # written on the GPU by scripts/search_quality.py, then 
 RECORDING = load(ASSET)
 SGEMV = get_family("sgemv")
 PROBLEM = SGEMV.problem(m=8192, n=16)
+
+
+@pytest.fixture(autouse=True)
+def no_shipped_catalog(monkeypatch):
+    # These tests follow the search from the default config: the shipped catalog's winners for
+    # the recording's GPU would be tried first (test_shipped_winners_seed_a_new_users_search).
+    from autogen import pretuned
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    pretuned.pretuned_db.cache_clear()
+    yield
+    monkeypatch.undo()  # a test may have replaced pretuned_db itself
+    pretuned.pretuned_db.cache_clear()
 
 
 def run(db_url, backend=None, quiet=True, **options):
@@ -135,3 +148,31 @@ def test_no_winner_says_whether_variants_failed_or_none_was_measured(db_url, tmp
                    progress=lines.append, backend_factory=lambda *_args: slow).run()
     assert result.winner is None and result.measured == result.failed == 0
     assert tune_summary(result)["no_winner"].startswith("no variant was measured: the time limit ran out")
+
+
+def test_shipped_winners_seed_a_new_users_search(db_url, monkeypatch):
+    # A new user's empty database: the catalog's winner for this very shape (and then its
+    # nearest shapes) is measured first; a shape the user has tuned hides the catalog's entry.
+    from autogen import pretuned
+    from autogen.warmstart import seeds
+    device = ReplayBackend(RECORDING).device
+    shipped_params = {**SGEMV.default_params, "threads_per_row": 4, "vector_width": 1, "unroll": 4}
+    near_params = {**SGEMV.default_params, "threads_per_row": 8, "vector_width": 2}
+
+    def shipped(shape_key, params):
+        trial = TrialRecord(family="sgemv", dtype="float32", shape_key=shape_key, kernel_name="k",
+                            params=params, status="ok", time_us=1.0, samples_us=(1.0,), cache_mode="cold")
+        return WinnerRecord(device=device, trial=trial, peer_name="", peer_time_us=None, margin=None,
+                            autogen_version="0", updated_at="")
+
+    catalog = pretuned.ShippedCatalog([shipped(PROBLEM.shape_key, shipped_params), shipped("m=8192,n=32", near_params)])
+    monkeypatch.setattr(pretuned, "pretuned_db", lambda: catalog)
+    first = seeds(TuningDB(db_url), device, SGEMV, PROBLEM, warm_start=True)
+    assert first[:2] == [shipped_params, near_params]
+    assert seeds(TuningDB(db_url), device, SGEMV, PROBLEM, warm_start=False) == [SGEMV.default_params]
+    result, backend = run(db_url, trials=3)
+    assert backend.evaluator.evaluated[0] == SGEMV.kernel_name("float32", SGEMV.space.check(shipped_params))
+    # Now tuned in the user's database: that shape's catalog entry is hidden (its own trials are
+    # resumed instead), and the nearest shipped shape comes first.
+    assert result.winner is not None
+    assert seeds(TuningDB(db_url), device, SGEMV, PROBLEM, warm_start=True)[0] == near_params
