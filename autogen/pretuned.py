@@ -124,10 +124,18 @@ class WithCatalog:
         "shipped"; malformed rows are reported, never raised."""
         mine, invalid = self.db.winners_checked(**filters)
         found = [("database", w) for w in mine]
-        seen = {_problem_key(w) for w in mine}
-        if self.catalog is not None:
-            found += [("shipped", w) for w in self.catalog.winners(**filters) if _problem_key(w) not in seen]
+        found += [("shipped", w) for w in untuned_shipped(self.catalog, mine, **filters)]
         return found, invalid
+
+
+def untuned_shipped(catalog: ShippedCatalog | None, tuned: list[WinnerRecord], **filters) -> list[WinnerRecord]:
+    """The catalog's winners matching `filters` whose problem (GPU, family, dtype, shape, cache
+    mode) none of the user's `tuned` winners holds: a problem the user tuned hides its entry."""
+    shipped = catalog.winners(**filters) if catalog is not None else []
+    if not shipped:
+        return []
+    seen = {_problem_key(w) for w in tuned}
+    return [w for w in shipped if _problem_key(w) not in seen]
 
 
 def _problem_key(winner: WinnerRecord) -> tuple:

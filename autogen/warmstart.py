@@ -48,7 +48,7 @@ def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem
     winners = db.winners(family=problem.family, gpu_name=device.name,
                          compute_capability=device.compute_capability, dtype=problem.dtype)
     others = [w for w in winners if w.trial.shape_key != problem.shape_key]
-    others += _shipped_winners(problem, device, tuned={w.trial.shape_key for w in winners})
+    others += _shipped_winners(problem, device, winners)
     ordered = nearest(problem, others, lambda w: problem_of_record(w.trial.family, w.trial.dtype, w.trial.shape_key))
     ordered = _same_shape_in_siblings(db, device, family, problem) + ordered
     valid = []
@@ -63,20 +63,16 @@ def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem
     return valid + [params for params in default if params not in valid]
 
 
-def _shipped_winners(problem: Problem, device: DeviceIdentity, tuned: set[str]) -> list:
-    """The shipped catalog's winners of this family and dtype on this GPU, for the shapes the
-    user's database has not tuned, this shape included: its own trials in the database are
-    resumed, but the catalog's winner for it is the best prior a new user has (H100, sgemv
-    16384 x 16 from an empty database: 60 trials without it ended 4.1% behind the exhaustive
-    best). None where autogen ships no catalog or $AUTOGEN_NO_PRETUNED is set."""
-    from .pretuned import pretuned_db
+def _shipped_winners(problem: Problem, device: DeviceIdentity, tuned: list) -> list:
+    """The shipped catalog's winners of this family and dtype on this GPU for the problems the
+    user's database has not tuned (`tuned`: its winners), this shape included: its own trials in
+    the database are resumed, but the catalog's winner for it is the best prior a new user has
+    (H100, sgemv 16384 x 16 from an empty database: 60 trials without it ended 4.1% behind the
+    exhaustive best). None where autogen ships no catalog or $AUTOGEN_NO_PRETUNED is set."""
+    from .pretuned import pretuned_db, untuned_shipped
 
-    catalog = pretuned_db()
-    if catalog is None:
-        return []
-    return [w for w in catalog.winners(family=problem.family, gpu_name=device.name,
-                                       compute_capability=device.compute_capability, dtype=problem.dtype)
-            if w.trial.shape_key not in tuned]
+    return untuned_shipped(pretuned_db(), tuned, family=problem.family, gpu_name=device.name,
+                           compute_capability=device.compute_capability, dtype=problem.dtype)
 
 
 def _same_shape_in_siblings(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem) -> list:
