@@ -201,9 +201,11 @@ class Family:
     def kernel_name(self, dtype: str, config: Config, traits: tuple[tuple[str, str], ...] = ()) -> str:
         """Procedural name, e.g. sgemv_f32_tpr4_vw4_wpb4_rpg1_u2_xldg_rshfl: the extern "C"
         symbol, part of the database key and the exported symbol. `traits` are the problem's;
-        those that change the code (Trait.code) are named too: gelu_f16_tanh_..."""
+        those that change the code (Trait.code) are named too: gelu_f16_tanh_... A parameter added
+        later is named only away from its old behaviour (Param.added_with_default)."""
         parts = [self.symbol, DTYPES[dtype].tag] + [value for _name, value in self.code_traits(traits)]
-        parts += [f"{self.space.param(k).abbrev}{v}" for k, v in config.params]
+        params = [(self.space.param(k), v) for k, v in config.params]
+        parts += [f"{p.abbrev}{v}" for p, v in params if p.named_in_kernel(v)]
         return "_".join(parts)
 
     def code_traits(self, traits: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:

@@ -420,8 +420,9 @@ class SearchLoop:
                 if c.owner == dead and c.state == "done"}
         trials = self.db.trials(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
                                 self.options.cache_mode)
-        measured = {t.kernel_name: (t.params, t.time_us if t.status == "ok" else PENALTY_US)
-                    for t in trials if t.kernel_name in done and not self.family.space.violations(t.params)}
+        measured = {t.kernel_name: (params, t.time_us if t.status == "ok" else PENALTY_US)
+                    for t in trials if t.kernel_name in done
+                    and (params := self.family.space.stored_point(t.params)) is not None}
         if measured:
             self.study.add_missing(measured, {"status": "recovered", "worker": dead})
 

@@ -23,6 +23,21 @@ class Param:
     choices: tuple[int | str, ...]
     abbrev: str  # prefix in the procedural kernel name: "tpr" -> "tpr4"
     help: str = ""
+    # For a parameter added after a family's winners were stored: the choice that renders the code
+    # those winners were measured with. A stored point lacking the parameter takes it (Space.complete),
+    # and a point at this choice keeps the kernel name it had (the parameter is left out of it), so
+    # the trials, winners and shipped catalog of the older autogen stay valid and servable.
+    # None: the parameter is required (every parameter a family was born with).
+    added_with_default: int | str | None = None
+
+    def __post_init__(self):
+        if self.added_with_default is not None and not _is_choice(self.added_with_default, self.choices):
+            raise ValueError(f"{self.name}: added_with_default={self.added_with_default!r} "
+                             f"is not one of {list(self.choices)}")
+
+    def named_in_kernel(self, value: int | str) -> bool:
+        """Whether `value` appears in the kernel name (not the added parameter's old behaviour)."""
+        return self.added_with_default is None or value != self.added_with_default
 
 
 @dataclass(frozen=True)
@@ -40,8 +55,28 @@ class Space:
                 return p
         raise KeyError(name)
 
+    def complete(self, params: Mapping[str, int | str]) -> dict[str, int | str]:
+        """`params` with each parameter added after it was stored set to the choice that renders
+        the code it was measured with (Param.added_with_default); other gaps are left for
+        violations to name."""
+        filled = dict(params)
+        for p in self.params:
+            if p.name not in filled and p.added_with_default is not None:
+                filled[p.name] = p.added_with_default
+        return filled
+
+    def stored_point(self, params: object) -> dict[str, int | str] | None:
+        """A point read back from the database (a trial, a winner, a claim), completed; None when
+        it is malformed or no longer fits the space (an older or newer autogen's)."""
+        if not isinstance(params, Mapping):
+            return None
+        params = self.complete(params)
+        return None if self.violations(params) else params
+
     def violations(self, params: Mapping[str, int | str]) -> list[str]:
-        """Every reason `params` is not a valid point (empty list: valid)."""
+        """Every reason `params` is not a valid point (empty list: valid); a stored point from
+        before a parameter was added is completed first (see complete)."""
+        params = self.complete(params)
         problems = []
         unknown = sorted(set(params) - set(self.names))
         if unknown:
@@ -57,6 +92,7 @@ class Space:
 
     def check(self, params: Mapping[str, int | str]) -> Config:
         """Return the Config for valid params in space order; raise InvalidConfigError otherwise."""
+        params = self.complete(params)
         problems = self.violations(params)
         if problems:
             raise InvalidConfigError("invalid config: " + "; ".join(problems))

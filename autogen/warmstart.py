@@ -28,8 +28,8 @@ def starting_point(db: TuningDB, device: DeviceIdentity, family: Family, problem
     stored = {t.kernel_name: t for t in db.trials(device, problem.family, problem.dtype, problem.shape_key,
                                                   cache_mode)}
     # Trials whose params no longer fit the space (an older autogen) are not told to Optuna.
-    measured = {name: (t.params, t.time_us if t.status == "ok" else PENALTY_US)
-                for name, t in stored.items() if not family.space.violations(t.params)}
+    measured = {name: (params, t.time_us if t.status == "ok" else PENALTY_US)
+                for name, t in stored.items() if (params := family.space.stored_point(t.params)) is not None}
     return StartingPoint(stored, measured, seeds(db, device, family, problem, warm_start))
 
 
@@ -55,9 +55,10 @@ def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem
     for w in ordered:
         if len(valid) == NEAREST_SEEDS:
             break
-        if not isinstance(w.trial.params, dict):
+        stored = family.space.stored_point(w.trial.params)
+        if stored is None:
             continue
-        params = family.seed_from(problem, dict(w.trial.params))
+        params = family.seed_from(problem, stored)
         if not family.space.violations(params) and params not in valid:
             valid.append(params)
     return valid + [params for params in default if params not in valid]

@@ -176,3 +176,22 @@ def test_shipped_winners_seed_a_new_users_search(db_url, monkeypatch):
     # resumed instead), and the nearest shipped shape comes first.
     assert result.winner is not None
     assert seeds(TuningDB(db_url), device, SGEMV, PROBLEM, warm_start=True)[0] == near_params
+
+
+def test_a_parameter_added_later_keeps_the_stored_trials_and_winner(db_url, monkeypatch):
+    # A new autogen adds a parameter to sgemv (its old behaviour as the default): the trials and
+    # the winner stored before keep their kernel names, are resumed rather than measured again,
+    # and the new choice is searched under names that say it.
+    from autogen.space import Param, Space
+    first, _ = run(db_url, trials=20)
+    grown = Space(SGEMV.space.params + (Param("probe", ("off", "on"), "pb", added_with_default="off"),),
+                  SGEMV.space.constraints)
+    monkeypatch.setattr(SGEMV, "space", grown)
+    winner = TuningDB(db_url).winner(first.device, "sgemv", "float32", PROBLEM.shape_key)
+    assert "probe" not in winner.trial.params
+    assert SGEMV.kernel_name("float32", grown.check(winner.trial.params)) == winner.trial.kernel_name
+    _, again = run(db_url, trials=20)
+    assert again.evaluator.evaluated == []  # every stored point is known under its old name
+    _, more = run(db_url, trials=40)
+    assert len(more.evaluator.evaluated) == 20
+    assert any(name.endswith("_pbon") for name in more.evaluator.evaluated)
