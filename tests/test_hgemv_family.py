@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from autogen.dtypes import to_float64, to_storage
-from autogen.errors import ArgumentError, UsageError
+from autogen.errors import ArgumentError, InvalidConfigError, UsageError
 from autogen.export import entry_symbol
 from autogen.family import get_family
 from autogen.families.hgemv import GUARD, TOLERANCES, _rank, batch_tile_for
@@ -32,10 +32,13 @@ def config(**params):
 
 
 def test_space_size_and_every_issue_parameter():
-    assert len(CONFIGS) == 4952  # 4752 CUDA-core variants + 200 tensor-core (x_path=mma) ones
+    # 4752 CUDA-core variants loading A a chunk at a time, 2908 of them (unroll >= 2) also step by
+    # step, and 200 tensor-core (x_path=mma) ones
+    assert len(CONFIGS) == 7860
+    assert sum(c["load_schedule"] == "step" for c in CONFIGS) == 2908
     names = set(FAMILY.space.names)
     assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
-                     "reduce", "batch_tile"}
+                     "reduce", "batch_tile", "load_schedule"}
     assert FAMILY.space.param("pack_width").choices == (2, 4, 8)  # half2, 64-bit and 128-bit accesses
     assert {c["threads_per_row"] for c in CONFIGS} == {4, 8, 16, 32, 64, 128, 256}
     assert FAMILY.dims == ("m", "n", "batch") and FAMILY.dtypes == DTYPES
@@ -62,6 +65,27 @@ def test_procedural_name_spells_every_parameter():
                reduce="smem", batch_tile=4)
     assert FAMILY.kernel_name("bfloat16", c) == "hgemv_bf16_tpr64_pw4_wpb8_rpg2_u1_xsmem_rsmem_bt4"
     assert FAMILY.kernel_name("float16", FAMILY.default_config()) == "hgemv_f16_tpr32_pw8_wpb4_rpg1_u2_xldg_rshfl_bt1"
+    # load_schedule came later: named only when it is not the chunk schedule every older winner has
+    stepped = config(threads_per_row=256, warps_per_block=8, rows_per_group=2, load_schedule="step")
+    assert FAMILY.kernel_name("float16", stepped) == "hgemv_f16_tpr256_pw8_wpb8_rpg2_u2_xldg_rshfl_bt1_lsstep"
+
+
+@pytest.mark.parametrize("params", [dict(unroll=1), dict(x_path="mma", threads_per_row=256, warps_per_block=8)])
+def test_step_by_step_loads_need_several_steps_of_the_cuda_core_loop(params):
+    with pytest.raises(InvalidConfigError, match="load_schedule=step needs unroll >= 2"):
+        config(load_schedule="step", **params)
+
+
+def test_step_by_step_requests_each_steps_packs_inside_its_step():
+    def loop_of(source):  # the multiply-add loop of the vector path, from its first line to x's
+        end = source.index("float xf[PW * BT]")
+        return source[source.rindex("for (int u = 0; u < UNROLL; ++u) {", 0, end):end]
+    for pdl in (False, True):
+        chunk = render(FAMILY, "float16", config(rows_per_group=2), pdl=pdl)
+        step = render(FAMILY, "float16", config(rows_per_group=2, load_schedule="step"), pdl=pdl)
+        assert "load_weights4(" not in loop_of(chunk) and "load_weights4(" in loop_of(step)
+        if pdl:  # the first chunk is still requested before griddepcontrol.wait
+            assert step.index("load_weights4(A") < step.index("griddepcontrol.wait;")
 
 
 @pytest.mark.parametrize("m", [1, 3, 127, 128, 129, 4096, 128256])

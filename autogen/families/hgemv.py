@@ -90,6 +90,17 @@ def _values_fit_registers(p) -> str | None:
     return None
 
 
+def _schedule_has_steps(p) -> str | None:
+    # With one step per chunk both schedules are the same code; x_path=mma keeps its own schedule
+    # (A's chunk, then the next chunk's x, then the tensor-core steps). Step by step was a one-off
+    # source edit first (H100, batch 1, re-timed interleaved: docs/results/ab_hgemv_step_h100.json):
+    # faster for some configs and shapes (4096 x 14336, tpr128 pw4: 46.2 -> 42.6 us; 4096 x 4096,
+    # tpr256 pw8: 13.07 -> 12.87 us), slower for others, so the search chooses it per shape.
+    if p["load_schedule"] == "step" and (p["unroll"] == 1 or p["x_path"] == "mma"):
+        return "load_schedule=step needs unroll >= 2 and x_path ldg or smem"
+    return None
+
+
 SPACE = Space(
     params=(
         Param("threads_per_row", (4, 8, 16, 32, 64, 128, 256), "tpr",
@@ -107,8 +118,13 @@ SPACE = Space(
         Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
         Param("batch_tile", (1, 2, 4, 8), "bt",
               "vectors per launch: each loaded weight feeds batch_tile dot products from registers"),
+        Param("load_schedule", ("chunk", "step"), "ls",
+              "when A's packs are requested: all of a chunk before its first multiply-add, or each unrolled "
+              "step's just before its own (ptxas then interleaves them with the arithmetic)",
+              added_with_default="chunk"),
     ),
-    constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers),
+    constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers,
+                 _schedule_has_steps),
 )
 
 
@@ -144,7 +160,7 @@ class Hgemv(Family):
     dtypes = ("float16", "bfloat16")
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
-                      "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1}
+                      "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk"}
     outputs = ("y",)
     # A, x and y hold __half (f16 variants) or __nv_bfloat16 (bf16 variants) as the kernel name's
     # dtype tag says; `void*` keeps one signature for both dtypes.
