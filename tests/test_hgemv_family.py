@@ -795,6 +795,7 @@ def test_long_rows_of_one_vector_also_seed_the_long_row_config():
     assert [FAMILY.kernel_name("bfloat16", c) for c in wide[1:]] == [
         "hgemv_bf16_tpr128_pw8_wpb4_rpg2_u2_xldg_rshfl_bt1", "hgemv_bf16_tpr256_pw8_wpb8_rpg2_u2_xldg_rsmem_bt1"]
     tall = FAMILY.seed_configs(FAMILY.problem("float16", m=11008, n=4096))
-    assert [FAMILY.kernel_name("float16", c) for c in tall[1:]] == ["hgemv_f16_tpr128_pw8_wpb4_rpg2_u2_xldg_rshfl_bt1"]
+    assert [FAMILY.kernel_name("float16", c) for c in tall[1:]] == [
+        "hgemv_f16_tpr128_pw8_wpb4_rpg2_u2_xldg_rshfl_bt1", "hgemv_f16_tpr256_pw8_wpb8_rpg2_u2_xldg_rshfl_bt1_lsstep"]
     assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=512))) == 1
     assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=11008, batch=4))) == 1

@@ -134,13 +134,15 @@ def batch_tile_for(batch: int) -> int:
     return min(MAX_TILE, 1 << max(0, batch - 1).bit_length())
 
 
-# Extra seeds for one vector, from this many columns on: (columns, the params that differ from the
-# default). Measured in Hgemv.seed_configs' docstring.
+# Extra seeds for one vector on rows of `lo` <= n < `hi` columns: (lo, hi, the params that differ
+# from the default). Measured in Hgemv.seed_configs' docstring.
 BATCH1_SEEDS = (
-    (1024, dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=2, unroll=2,
-                x_path="ldg", reduce="shfl")),
-    (8192, dict(threads_per_row=256, pack_width=8, warps_per_block=8, rows_per_group=2, unroll=2,
-                x_path="ldg", reduce="smem")),
+    (1024, math.inf, dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=2, unroll=2,
+                          x_path="ldg", reduce="shfl")),
+    (1024, 8192, dict(threads_per_row=256, pack_width=8, warps_per_block=8, rows_per_group=2, unroll=2,
+                      x_path="ldg", reduce="shfl", load_schedule="step")),
+    (8192, math.inf, dict(threads_per_row=256, pack_width=8, warps_per_block=8, rows_per_group=2, unroll=2,
+                          x_path="ldg", reduce="smem")),
 )
 
 
@@ -201,9 +203,13 @@ class Hgemv(Family):
         config: the block's 8 warps on 2 rows at a time, 2 packs in flight, partial sums through
         shared memory. H100, 4096 x 11008, eight configs re-timed in one process: it ran at 95.4%
         in float16 and in bfloat16, the seven others (among them both dtypes' 40-trial search
-        winners) at 82.7-92.9%."""
+        winners) at 82.7-92.9%. On rows of 1024 to 8191 columns, also the block's 8 warps on 2 rows
+        at a time with A requested step by step: the fastest of ten configs at 4096 x 4096, 14336 x
+        4096 and 32000 x 4096 (H100 float16, re-timed interleaved; as a one-off source edit before
+        load_schedule existed: docs/results/ab_hgemv_step_h100.json), 12.87 us at 4096 x 4096 where
+        the catalog's winner ran 13.10; at 4096 x 14336 it lost to the chunk schedule."""
         default = self.default_config(problem)
-        extra = [params for columns, params in BATCH1_SEEDS if problem["batch"] == 1 and problem["n"] >= columns]
+        extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
         return [default] + [self.space.check({**default.as_dict(), **params}) for params in extra]
 
     def seed_from(self, problem: Problem, params: dict) -> dict:
