@@ -178,7 +178,7 @@ class SearchLoop:
                  "compute_capability": self.device.compute_capability, "trials_budget": self.options.trials}
         key = (self.device, self.problem.family, self.problem.dtype, self.problem.shape_key, self.options.cache_mode)
         return studies.SharedStudy(self.db, name, make_sampler(self.options.sampler, seed, self.dists), attrs,
-                                   self.dists, self.owner, key)
+                                   self.dists, self.owner, key, complete=self.family.space.complete)
 
     def run(self, started: float) -> None:
         options, space = self.options, self.family.space

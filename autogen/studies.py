@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import optuna
 from sqlalchemy import event
@@ -232,8 +233,12 @@ class SharedStudy:
     (RUNNING, which TPE's constant liar counts), so every sampler sees every trial."""
 
     def __init__(self, db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, attrs: dict,
-                 dists: dict, owner: str, problem_key: tuple):
+                 dists: dict, owner: str, problem_key: tuple, complete: Callable[[dict], dict] = dict):
         self.db, self.dists, self.owner = db, dists, owner
+        # The family's Space.complete: a trial or claim of an older autogen, from before a parameter
+        # was added, is mirrored with that parameter's old behaviour, so TPE (which fits only the
+        # trials holding every parameter of its space) still learns from it.
+        self.complete = complete
         self.problem_key = problem_key  # (device, family, dtype, shape key, cache mode): its claims
         self.shared = open_study(db, name, sampler=optuna.samplers.RandomSampler(), attrs=attrs)
         self.local = optuna.create_study(direction="minimize", sampler=sampler)
@@ -259,8 +264,10 @@ class SharedStudy:
             if trial._trial_id in self._mirrored or trial.user_attrs.get("worker") == self.owner:
                 continue
             self._mirrored.add(trial._trial_id)
+            params = self.complete(trial.params)
+            dists = {name: trial.distributions.get(name) or self.dists[name] for name in params}
             storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
-                params=trial.params, distributions=trial.distributions, value=trial.value))
+                params=params, distributions=dists, value=trial.value))
         live = {c.variant: c for c in self.db.claims(*self.problem_key, running=True)
                 if c.owner != self.owner and c.expires_in_s > 0}
         for variant, local in list(self._running.items()):
@@ -268,10 +275,11 @@ class SharedStudy:
                 storage_.set_trial_state_values(local, TrialState.FAIL)
                 del self._running[variant]
         for variant, claim in live.items():
-            if variant in self._running or set(claim.params) != set(self.dists):
+            params = self.complete(claim.params)
+            if variant in self._running or set(params) != set(self.dists):
                 continue
             try:
-                template = optuna.trial.create_trial(state=TrialState.RUNNING, params=claim.params,
+                template = optuna.trial.create_trial(state=TrialState.RUNNING, params=params,
                                                      distributions=self.dists)
             except ValueError:  # params outside this space (another autogen version)
                 continue

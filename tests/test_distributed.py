@@ -504,3 +504,30 @@ def test_a_worker_s_trials_reach_the_shared_study_in_batches(db_url):
     other.record({**configs[0], "unroll": 3}, changed, 2.0, {"kernel": "y"})
     assert other.close() == 2  # the batch failed as a whole: both counted, none written
     assert len(optuna.load_study(study_name="batches", storage=db_url).trials) == len(configs)
+
+
+def test_an_older_autogen_s_trials_are_mirrored_with_an_added_parameter_s_old_behaviour(db_url):
+    """A shared study written before a parameter was added: its trials reach the local mirror
+    completed (Space.complete), so TPE, which fits only trials holding its whole space, uses them."""
+    from autogen.search import distributions, make_sampler
+    from autogen.space import Param, Space
+
+    old_dists = distributions(SGEMV.space)
+    db = TuningDB(db_url)
+    key = (DEVICE, "sgemv", "float32", PROBLEM.shape_key, "cold")
+    before = studies.SharedStudy(db, "grown", make_sampler("tpe", 0, old_dists), {}, old_dists, "old", key)
+    configs = [c.as_dict() for c in list(SGEMV.space.enumerate())[:3]]
+    for i, params in enumerate(configs):
+        before.record(params, old_dists, float(i + 1), {"kernel": f"k{i}", "status": "ok"})
+    assert before.close() == 0
+
+    grown = Space(SGEMV.space.params + (Param("probe", ("off", "on"), "pb", added_with_default="off"),),
+                  SGEMV.space.constraints)
+    dists = distributions(grown)
+    after = studies.SharedStudy(db, "grown", make_sampler("tpe", 0, dists), {}, dists, "new", key,
+                                complete=grown.complete)
+    after.refresh()
+    mirrored = after.local.get_trials(deepcopy=False)
+    assert [t.params for t in mirrored] == [{**p, "probe": "off"} for p in configs]
+    assert all(t.distributions == dists for t in mirrored)
+    after.close()
