@@ -97,6 +97,9 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     _add_family_args(show, family)
     show.add_argument("--gpu", help="GPU name (default: this machine's GPU, else the only one stored)")
     show.add_argument("--json", action="store_true")
+    show.add_argument("--resources", action="store_true",
+                      help="also compile the kernel with nvcc for the GPU it was tuned on and report ptxas's "
+                           "registers, spills, stack frame, static shared memory and barriers (no GPU needed)")
     _add_db_arg(show)
 
     export = commands.add_parser("export", help="write the tuned kernels as standalone CUDA C++ with build files")

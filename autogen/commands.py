@@ -234,17 +234,33 @@ def cmd_show(args) -> int:
     }
     if winner.trial.kernel_name != name:
         document["stored_name"] = winner.trial.kernel_name
+    if args.resources:
+        document["resources"] = _resources(document["source"], winner.device.arch)
     if args.json:
         print(to_json(document))
         return 0
-    rows = [(k, v) for k, v in document.items() if k not in ("source", "provenance", "params")]
+    rows = [(k, v) for k, v in document.items() if k not in ("source", "provenance", "params", "resources")]
     rows.append(("params", " ".join(f"{k}={v}" for k, v in document["params"].items())))
     rows += list(document["provenance"].items())
+    if args.resources:
+        report = document["resources"]
+        rows.append(("resources from", f"nvcc {report['nvcc']} for {report['arch']}"))
+        rows += [(f"resources {k['kernel']}", k["summary"]) for k in report["kernels"]]
     print(render_table([(label, terminal_text(value)) for label, value in rows]))
     print()
     print(f"// source of {name}")
     print(document["source"])
     return 0
+
+
+def _resources(source: str, arch: str) -> dict:
+    """ptxas's report of the shown kernel(s), compiled by nvcc for `arch` (autogen.resources)."""
+    from .resources import kernel_resources, nvcc_path, nvcc_version
+
+    nvcc = nvcc_path()
+    kernels = kernel_resources(source, arch, nvcc)
+    return {"nvcc": nvcc_version(nvcc), "arch": arch,
+            "kernels": [{**k.as_dict(), "summary": k.summary()} for k in kernels]}
 
 
 def cmd_export(args) -> int:

@@ -31,6 +31,10 @@ class CompileError(AutogenError):
     """NVRTC rejected a rendered variant; the message carries the compiler log."""
 
 
+class ToolMissingError(AutogenError):
+    """A CUDA toolkit program a command needs (nvcc for `show --resources`) is not installed."""
+
+
 class NotTunedError(AutogenError):
     """Nothing stored (or servable) for the request, and the caller asked not to fall back."""
 
