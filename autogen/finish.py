@@ -26,6 +26,30 @@ class Finish:
     no_winner: str = ""  # why there is none, where winner is None
 
 
+def trial_from_outcome(outcome, base: dict) -> TrialRecord:
+    """The trial an evaluation makes (search and refresh alike): the median and spread of its
+    samples where it passed, else why it failed, with its error where that is a number."""
+    if outcome.status == "ok":
+        return TrialRecord(status="ok", time_us=statistics.median(outcome.samples_us), samples_us=outcome.samples_us,
+                           spread_us=max(outcome.samples_us) - min(outcome.samples_us), error=outcome.error, **base)
+    return TrialRecord(status="failed", reason=outcome.reason, error=_finite(outcome.error), **base)
+
+
+def _finite(value):
+    return value if value is not None and value == value and abs(value) != float("inf") else None
+
+
+def measure_ceilings(evaluator, progress: Callable[[str], None]) -> tuple[float | None, float | None]:
+    """The copy bandwidth (GB/s) and FP32 peak (TFLOP/s) measured now, for the roofline; (None,
+    None), said in one line, where they cannot be: the winner is still stored."""
+    try:
+        ceilings = evaluator.ceilings()
+    except Exception as exc:
+        progress(f"the roofline could not be measured: {exc}")
+        return None, None
+    return ceilings.copy_gbs, ceilings.fp32_tflops
+
+
 def no_winner_reason(failed: int) -> str:
     """Why a search ended without a winner: every variant it measured failed validation, or it
     measured none (its time limit ran out before the first variant was compiled and checked)."""
@@ -37,12 +61,7 @@ def no_winner_reason(failed: int) -> str:
 def finish(family, problem, options, db: TuningDB, device, backend, nothing_new: bool,
            progress: Callable[[str], None]) -> Finish:
     evaluator = backend.evaluator
-    copy_gbs = fp32_tflops = None
-    try:
-        ceilings = evaluator.ceilings()
-        copy_gbs, fp32_tflops = ceilings.copy_gbs, ceilings.fp32_tflops
-    except Exception as exc:
-        progress(f"the roofline could not be measured: {exc}")
+    copy_gbs, fp32_tflops = measure_ceilings(evaluator, progress)
     stored = _stored_winner(db, device, problem, options.cache_mode)
     if nothing_new and stored is not None:
         # A resumed search that measured nothing has nothing to decide: the stored winner stands.

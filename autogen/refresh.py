@@ -20,7 +20,7 @@ from tuning_db.records import TrialRecord
 from . import __version__
 from .compile import compile_options
 from .errors import InvalidConfigError
-from .finish import Finish, _stored_winner, pick_winner, retime
+from .finish import Finish, _stored_winner, measure_ceilings, pick_winner, retime, trial_from_outcome
 from .render import render, source_hash
 
 
@@ -50,25 +50,13 @@ def refresh(family, problem, options, db: TuningDB, device, backend,
         except Exception as exc:
             record = TrialRecord(status="failed", reason=f"compile: {exc}", **base)
         else:
-            outcome = evaluator.evaluate(name, cubin, config.as_dict())
-            if outcome.status == "ok":
-                record = TrialRecord(status="ok", time_us=statistics.median(outcome.samples_us),
-                                     samples_us=outcome.samples_us,
-                                     spread_us=max(outcome.samples_us) - min(outcome.samples_us),
-                                     error=outcome.error, **base)
-            else:
-                record = TrialRecord(status="failed", reason=outcome.reason, **base)
+            record = trial_from_outcome(evaluator.evaluate(name, cubin, config.as_dict()), base)
         record = db.record_trial(device, record)  # a failed one withdraws a winner it was
         progress(f"refresh: {name}: " + (f"{record.time_us:.2f} us (was {trial.time_us:.2f} us)"
                                          if record.status == "ok" else f"FAILED {record.reason[:160]}"))
         if record.status == "ok":
             measured.append(record)
-    copy_gbs = fp32_tflops = None
-    try:
-        ceilings = evaluator.ceilings()
-        copy_gbs, fp32_tflops = ceilings.copy_gbs, ceilings.fp32_tflops
-    except Exception as exc:
-        progress(f"the roofline could not be measured: {exc}")
+    copy_gbs, fp32_tflops = measure_ceilings(evaluator, progress)
     if not measured:
         progress("refresh: no stored variant passes here; nothing stored as winner")
         return Finish(None, [], copy_gbs, fp32_tflops, "no stored variant passed validation here")

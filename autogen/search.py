@@ -27,6 +27,7 @@ from tuning_db.records import TrialRecord
 from . import studies
 from .compile import compile_options
 from .errors import CompileError, UsageError
+from .finish import trial_from_outcome
 from .measure import time_into
 from .problem import Config, Problem
 from .render import render, source_hash
@@ -506,13 +507,7 @@ class SearchLoop:
             record = TrialRecord(status="failed", reason=f"compile: {outcome}", **base)
         else:
             self.counts.evaluated.append(entry.name)
-            if outcome.status == "ok":
-                record = TrialRecord(status="ok", time_us=statistics.median(outcome.samples_us),
-                                     samples_us=outcome.samples_us,
-                                     spread_us=max(outcome.samples_us) - min(outcome.samples_us),
-                                     error=outcome.error, **base)
-            else:
-                record = TrialRecord(status="failed", reason=outcome.reason, error=_finite(outcome.error), **base)
+            record = trial_from_outcome(outcome, base)
         if record.status == "ok":
             self.counts.measured += 1
         else:
@@ -541,6 +536,3 @@ def _body_hash(source: str, kernel_name: str) -> str:
     code = re.sub(r"//[^\n]*", "", source.replace(kernel_name, "KERNEL"))
     return source_hash(code)
 
-
-def _finite(value):
-    return value if value is not None and value == value and abs(value) != float("inf") else None
