@@ -235,7 +235,8 @@ def cmd_show(args) -> int:
     if winner.trial.kernel_name != name:
         document["stored_name"] = winner.trial.kernel_name
     if args.resources:
-        document["resources"] = _resources(document["source"], winner.device.arch)
+        document["resources"] = _resources(document["source"], winner.device.arch,
+                                           {name + step.suffix: step.launch for step in family.plan(problem, config)})
     if args.json:
         print(to_json(document))
         return 0
@@ -253,14 +254,24 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _resources(source: str, arch: str) -> dict:
-    """ptxas's report of the shown kernel(s), compiled by nvcc for `arch` (autogen.resources)."""
+def _resources(source: str, arch: str, launches: dict) -> dict:
+    """ptxas's report of the shown kernel(s), compiled by nvcc for `arch` (autogen.resources),
+    each with the launch it gets for the shown shape (`launches`: symbol -> Launch), since
+    registers and shared memory bound the blocks per SM only together with the block size."""
     from .resources import kernel_resources, nvcc_path, nvcc_version
 
     nvcc = nvcc_path()
-    kernels = kernel_resources(source, arch, nvcc)
-    return {"nvcc": nvcc_version(nvcc), "arch": arch,
-            "kernels": [{**k.as_dict(), "summary": k.summary()} for k in kernels]}
+    kernels = []
+    for k in kernel_resources(source, arch, nvcc):
+        entry = {**k.as_dict(), "summary": k.summary()}
+        launch = launches.get(k.kernel)
+        if launch is not None:
+            threads = launch.block[0] * launch.block[1] * launch.block[2]
+            entry.update(grid=list(launch.grid), block=list(launch.block), dynamic_shared_bytes=launch.shared_bytes)
+            entry["summary"] += (f"; launched with {launch.grid[0] * launch.grid[1] * launch.grid[2]} blocks of "
+                                 f"{threads} threads, {launch.shared_bytes} B dynamic shared memory")
+        kernels.append(entry)
+    return {"nvcc": nvcc_version(nvcc), "arch": arch, "kernels": kernels}
 
 
 def cmd_export(args) -> int:

@@ -53,6 +53,10 @@ def test_show_reports_the_resources_of_every_kernel_of_a_stored_winner(db_url, c
     assert [k["kernel"] for k in report["kernels"]] == [shown["kernel"], shown["kernel"] + "_init"]
     scan = report["kernels"][0]
     assert 0 < scan["registers"] <= 255 and scan["shared_bytes"] > 0 and scan["spill_store_bytes"] == 0
+    # with the launch this shape gets: block size from the kernel name (bs256), one block per tile
+    assert scan["block"] == [256, 1, 1] and scan["grid"][0] > 1000 and scan["dynamic_shared_bytes"] == 0
+    assert scan["summary"].endswith(f"launched with {scan['grid'][0]} blocks of 256 threads, "
+                                    "0 B dynamic shared memory")
     assert main(args + ["--resources"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith(f"resources {shown['kernel']} ") and line.endswith(f"  {scan['summary']}")
