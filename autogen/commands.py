@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -266,10 +267,9 @@ def _resources(source: str, arch: str, launches: dict) -> dict:
         entry = {**k.as_dict(), "summary": k.summary()}
         launch = launches.get(k.kernel)
         if launch is not None:
-            threads = launch.block[0] * launch.block[1] * launch.block[2]
             entry.update(grid=list(launch.grid), block=list(launch.block), dynamic_shared_bytes=launch.shared_bytes)
-            entry["summary"] += (f"; launched with {launch.grid[0] * launch.grid[1] * launch.grid[2]} blocks of "
-                                 f"{threads} threads, {launch.shared_bytes} B dynamic shared memory")
+            entry["summary"] += (f"; launched with {math.prod(launch.grid)} blocks of {math.prod(launch.block)} "
+                                 f"threads, {launch.shared_bytes} B dynamic shared memory")
         kernels.append(entry)
     return {"nvcc": nvcc_version(nvcc), "arch": arch, "kernels": kernels}
 

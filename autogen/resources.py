@@ -19,7 +19,9 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .compile import BASE_OPTIONS
 from .errors import CompileError, ToolMissingError
+
 
 @dataclass(frozen=True)
 class KernelResources:
@@ -70,12 +72,12 @@ def kernel_resources(source: str, arch: str, nvcc: str | None = None) -> list[Ke
     with tempfile.TemporaryDirectory(prefix="autogen-resources-") as folder:
         path = Path(folder) / "kernel.cu"
         path.write_text(source)
-        done = subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-std=c++17", "-Xptxas", "-v",
+        done = subprocess.run([nvcc, f"-arch={arch}", "-cubin", *BASE_OPTIONS, "-Xptxas", "-v",
                                "-o", str(path.with_suffix(".cubin")), str(path)],
                               capture_output=True, text=True)
     if done.returncode != 0:
         raise CompileError(f"nvcc {arch} failed: {done.stderr.strip()[-2000:]}")
-    return parse_ptxas_report(done.stderr, arch)
+    return parse_ptxas_report(done.stderr)
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
@@ -89,16 +91,16 @@ _NUMBER_OF = {  # ptxas's phrase -> field; a phrase ptxas leaves out (no barrier
 }
 
 
-def parse_ptxas_report(text: str, arch: str) -> list[KernelResources]:
+def parse_ptxas_report(text: str) -> list[KernelResources]:
     """ptxas -v's report, split per entry function: the lines from one "Compiling entry
     function" to the next hold that kernel's properties and usage."""
     starts = list(_ENTRY.finditer(text))
     kernels = []
     for i, start in enumerate(starts):
         block = text[start.end():starts[i + 1].start() if i + 1 < len(starts) else len(text)]
-        numbers = {field: int(m.group(1)) if (m := re.search(pattern, block)) else 0
-                   for field, pattern in _NUMBER_OF.items()}
-        if not re.search(_NUMBER_OF["registers"], block):
+        found = {field: re.search(pattern, block) for field, pattern in _NUMBER_OF.items()}
+        if found["registers"] is None:
             raise CompileError(f"ptxas reported no register count for {start.group(1)}")
-        kernels.append(KernelResources(kernel=start.group(1), arch=start.group(2) or arch, **numbers))
+        numbers = {field: int(m.group(1)) if m else 0 for field, m in found.items()}
+        kernels.append(KernelResources(kernel=start.group(1), arch=start.group(2), **numbers))
     return kernels

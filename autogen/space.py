@@ -71,12 +71,14 @@ class Space:
         if not isinstance(params, Mapping):
             return None
         params = self.complete(params)
-        return None if self.violations(params) else params
+        return None if self._problems(params) else params
 
     def violations(self, params: Mapping[str, int | str]) -> list[str]:
         """Every reason `params` is not a valid point (empty list: valid); a stored point from
         before a parameter was added is completed first (see complete)."""
-        params = self.complete(params)
+        return self._problems(self.complete(params))
+
+    def _problems(self, params: Mapping[str, int | str]) -> list[str]:
         problems = []
         unknown = sorted(set(params) - set(self.names))
         if unknown:
@@ -93,7 +95,7 @@ class Space:
     def check(self, params: Mapping[str, int | str]) -> Config:
         """Return the Config for valid params in space order; raise InvalidConfigError otherwise."""
         params = self.complete(params)
-        problems = self.violations(params)
+        problems = self._problems(params)
         if problems:
             raise InvalidConfigError("invalid config: " + "; ".join(problems))
         return Config(tuple((p.name, params[p.name]) for p in self.params))

@@ -27,7 +27,7 @@ ptxas info    : Used 26 registers
 
 
 def test_the_report_is_split_per_kernel_and_absent_phrases_are_zero():
-    big, small = parse_ptxas_report(REPORT, "sm_90")
+    big, small = parse_ptxas_report(REPORT)
     assert (big.kernel, big.registers, big.barriers, big.shared_bytes) == ("big", 255, 1, 33036)
     assert (big.stack_frame_bytes, big.spill_store_bytes, big.spill_load_bytes) == (24, 16, 12)
     assert "spills 16 B stored, 12 B loaded" in big.summary()
@@ -37,7 +37,7 @@ def test_the_report_is_split_per_kernel_and_absent_phrases_are_zero():
 
 def test_a_kernel_without_a_register_count_is_an_error_not_a_zero():
     with pytest.raises(CompileError, match="no register count for big"):
-        parse_ptxas_report(REPORT.split("ptxas info    : Used 255")[0], "sm_90")
+        parse_ptxas_report(REPORT.split("ptxas info    : Used 255")[0])
 
 
 def test_show_reports_the_resources_of_every_kernel_of_a_stored_winner(db_url, capsys):
