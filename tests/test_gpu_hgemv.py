@@ -21,7 +21,9 @@ FAMILY = get_family("hgemv")
 DTYPES = ("float16", "bfloat16")
 # (m, n, batch): tails on every edge, n not a multiple of any pack, batches below, at and above
 # each tile (9: two launches of 8), rows not a multiple of rows per block.
-SHAPES = [(1, 1, 1), (3, 5, 3), (1000, 37, 4), (37, 1000, 8), (513, 4104, 1), (130, 4104, 2), (5, 16, 9)]
+# 67 x 2048: whole chunks only (tail=peeled's unchecked loop alone), rows past m in the last block.
+SHAPES = [(1, 1, 1), (3, 5, 3), (1000, 37, 4), (37, 1000, 8), (513, 4104, 1), (130, 4104, 2), (5, 16, 9),
+          (67, 2048, 1)]
 SAMPLE = 40  # random variants per dtype on top of those covering every choice
 
 
@@ -37,6 +39,9 @@ def sample_configs() -> list:
     # variants of every geometry (split columns over 1 to 8 warps, 1 or 2 tiles, unroll) and tile.
     for dims in ({"m": 64, "n": 4096, "batch": 1}, {"m": 64, "n": 64, "batch": 4}):
         chosen.add(FAMILY.default_config(FAMILY.problem(**dims)))
+    # The batch-1 seeds of short and long rows, and their tail=peeled twins.
+    for n in (4096, 14336):
+        chosen.update(FAMILY.seed_configs(FAMILY.problem(m=64, n=n, batch=1)))
     mma = [c for c in configs if c["x_path"] == "mma"]
     for key in {(c["threads_per_row"], c["rows_per_group"], c["unroll"]) for c in mma}:
         chosen.add(next(c for c in mma if (c["threads_per_row"], c["rows_per_group"], c["unroll"]) == key))
@@ -83,14 +88,16 @@ def test_sampled_variants_validate(cubins, dtype, m, n, batch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_misaligned_operands_take_the_scalar_paths(cubins, dtype):
+@pytest.mark.parametrize("batch", [1, 4])
+def test_misaligned_operands_take_the_scalar_paths(cubins, dtype, batch):
     """A, x and y one element past an aligned address (views into larger buffers): every
-    variant must fall back to element accesses and still be right."""
+    variant must fall back to element accesses and still be right (batch 1: tail=peeled's
+    unchecked loop must not run either)."""
     import cupy
 
     from autogen.measure import validate
 
-    problem = FAMILY.problem(dtype, m=67, n=264, batch=4)
+    problem = FAMILY.problem(dtype, m=67, n=264, batch=batch)
     failures = []
     for (d, config), cubin in cubins.items():
         if d != dtype:

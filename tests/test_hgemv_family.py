@@ -33,12 +33,15 @@ def config(**params):
 
 def test_space_size_and_every_issue_parameter():
     # 4752 CUDA-core variants loading A a chunk at a time, 2908 of them (unroll >= 2) also step by
-    # step, and 200 tensor-core (x_path=mma) ones
-    assert len(CONFIGS) == 7860
-    assert sum(c["load_schedule"] == "step" for c in CONFIGS) == 2908
+    # step, and 200 tensor-core (x_path=mma) ones; the 1036 of one vector through x_path=ldg also
+    # with tail=peeled
+    assert len(CONFIGS) == 7860 + 1036
+    assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" for c in CONFIGS) == 2908
+    peeled = [c for c in CONFIGS if c["tail"] == "peeled"]
+    assert len(peeled) == 1036 and all(c["x_path"] == "ldg" and c["batch_tile"] == 1 for c in peeled)
     names = set(FAMILY.space.names)
     assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
-                     "reduce", "batch_tile", "load_schedule"}
+                     "reduce", "batch_tile", "load_schedule", "tail"}
     assert FAMILY.space.param("pack_width").choices == (2, 4, 8)  # half2, 64-bit and 128-bit accesses
     assert {c["threads_per_row"] for c in CONFIGS} == {4, 8, 16, 32, 64, 128, 256}
     assert FAMILY.dims == ("m", "n", "batch") and FAMILY.dtypes == DTYPES
@@ -792,10 +795,13 @@ def test_warm_start_tries_this_shape_in_the_sibling_dtype_first():
 def test_long_rows_of_one_vector_also_seed_the_long_row_config():
     wide = FAMILY.seed_configs(FAMILY.problem("bfloat16", m=4096, n=11008))
     assert wide[0] == FAMILY.default_config(FAMILY.problem("bfloat16", m=4096, n=11008))
-    assert [FAMILY.kernel_name("bfloat16", c) for c in wide[1:]] == [
-        "hgemv_bf16_tpr128_pw8_wpb4_rpg2_u2_xldg_rshfl_bt1", "hgemv_bf16_tpr256_pw8_wpb8_rpg2_u2_xldg_rsmem_bt1"]
+    checked = ["hgemv_bf16_tpr32_pw8_wpb4_rpg1_u4_xldg_rshfl_bt1", "hgemv_bf16_tpr128_pw8_wpb4_rpg2_u2_xldg_rshfl_bt1",
+               "hgemv_bf16_tpr256_pw8_wpb8_rpg2_u2_xldg_rsmem_bt1"]
+    # Each seed, then each seed's tail=peeled twin.
+    assert [FAMILY.kernel_name("bfloat16", c) for c in wide] == checked + [k + "_tailpeeled" for k in checked]
     tall = FAMILY.seed_configs(FAMILY.problem("float16", m=11008, n=4096))
-    assert [FAMILY.kernel_name("float16", c) for c in tall[1:]] == [
+    assert [FAMILY.kernel_name("float16", c) for c in tall[1:3]] == [
         "hgemv_f16_tpr128_pw8_wpb4_rpg2_u2_xldg_rshfl_bt1", "hgemv_f16_tpr256_pw8_wpb8_rpg2_u2_xldg_rshfl_bt1_lsstep"]
-    assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=512))) == 1
+    assert all(c["tail"] == "peeled" for c in tall[3:]) and len(tall) == 6
+    assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=512))) == 2  # the default and its twin
     assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=11008, batch=4))) == 1
