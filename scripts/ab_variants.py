@@ -1,0 +1,124 @@
+"""A/B of chosen variants of one family on the GPU: each validated on fresh inputs, then all re-timed
+interleaved (round after round, so drift hits all alike) in one process with the peer timed on the
+same cold input sets. The evidence behind a template change, before the search is trusted with it.
+
+  python3 scripts/ab_variants.py hgemv --dtype float16 --dims m=4096,n=4096,batch=1 \\
+      --base '{"threads_per_row": 256, "pack_width": 8, "warps_per_block": 8, "rows_per_group": 2}' \\
+      --vary load_schedule=chunk,step --vary tail=checked,peeled --out DIR
+
+Every --base (the family's default where a parameter is not given) crossed with every --vary choice
+is one variant; each --dims is one problem. Writes DIR/ab_<family>.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROUNDS = 15  # interleaved replays per variant
+
+
+def parse_dims(text: str) -> dict:
+    """m=4096,n=4096 -> {"m": 4096, "n": 4096}; values that are not integers stay strings."""
+    dims = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        dims[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return dims
+
+
+def variants(family, bases: list[dict], varied: list[tuple[str, list[str]]]) -> list:
+    """Each base crossed with every combination of the varied choices, checked against the space;
+    a combination the space rules out is skipped with its reason printed."""
+    configs = []
+    names = [name for name, _ in varied]
+    for base in bases or [{}]:
+        for combo in itertools.product(*(choices for _, choices in varied)):
+            params = {**family.default_params, **base, **dict(zip(names, combo))}
+            params = {k: (int(v) if isinstance(v, str) and v.isdigit() else v) for k, v in params.items()}
+            problems = family.space.violations(params)
+            if problems:
+                print(f"skipped {params}: {'; '.join(problems)}")
+                continue
+            config = family.space.check(params)
+            if config not in configs:
+                configs.append(config)
+    return configs
+
+
+def ab_problem(family, problem, configs, rounds: int) -> dict:
+    """Validate, then re-time every config interleaved, and time the peer, for one problem."""
+    from autogen.compile import compile_many
+    from autogen.gpu import device_identity
+    from autogen.render import render
+    from autogen.worker import Evaluator, WorkSpec
+
+    evaluator = Evaluator(WorkSpec.of(problem))
+    names = {family.kernel_name(problem.dtype, c): c for c in configs}
+    sources = {name: render(family, problem.dtype, c, traits=problem.traits) for name, c in names.items()}
+    cubins = compile_many(sources, device_identity().arch)
+    row = {"problem": str(problem), "failed": {}, "medians_us": {}, "spreads_us": {}}
+    candidates = []
+    for name, config in names.items():
+        cubin = cubins[name]
+        if not isinstance(cubin, bytes):
+            row["failed"][name] = f"compile: {cubin}"
+            continue
+        check = evaluator.check(name, cubin, config.as_dict())
+        if not check.ok:
+            row["failed"][name] = f"validation: {check.reason}"
+            continue
+        candidates.append((name, cubin, config.as_dict()))
+    for name, samples in evaluator.retime(candidates, rounds).items():
+        row["medians_us"][name] = round(statistics.median(samples), 3)
+        row["spreads_us"][name] = round(max(samples) - min(samples), 3)
+    peer = evaluator.time_peer()
+    if peer:
+        row["peer"], row["peer_us"] = peer[0], round(statistics.median(peer[1]), 3)
+    copy_gbs = evaluator.ceilings().copy_gbs
+    row["copy_gbs"] = round(copy_gbs, 1)
+    row["floor_us"] = round(family.bytes_moved(problem, family.timing_case(problem)) / (copy_gbs * 1e3), 3)
+    row["gpu"] = evaluator.device.name
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("family")
+    parser.add_argument("--dtype", required=True)
+    parser.add_argument("--dims", action="append", required=True, help="one problem, e.g. m=4096,n=4096,batch=1")
+    parser.add_argument("--base", action="append", default=[], help="JSON params (default: the family's default)")
+    parser.add_argument("--vary", action="append", default=[], help="PARAM=CHOICE,CHOICE,...")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    from autogen.family import get_family
+
+    family = get_family(args.family)
+    varied = [(name, choices.split(",")) for name, _, choices in (v.partition("=") for v in args.vary)]
+    configs = variants(family, [json.loads(b) for b in args.base], varied)
+    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for dims in args.dims:
+        problem = family.problem(args.dtype, **parse_dims(dims))
+        rows.append(ab_problem(family, problem, configs, args.rounds))
+        (args.out / f"ab_{family.name}.json").write_text(json.dumps({"rows": rows}, indent=2))
+        row = rows[-1]
+        print(f"\n{row['problem']} on {row['gpu']}: copy {row['copy_gbs']} GB/s, floor {row['floor_us']} us, "
+              f"{row.get('peer', 'no peer')} {row.get('peer_us', '-')} us")
+        for name, us in sorted(row["medians_us"].items(), key=lambda item: item[1]):
+            ratio = f"{row['peer_us'] / us:5.2f}x" if "peer_us" in row else ""
+            print(f"  {name:<72} {us:9.3f} us  +-{row['spreads_us'][name] / 2:.3f}  "
+                  f"{100 * row['floor_us'] / us:5.1f}% floor  {ratio}")
+        for name, reason in row["failed"].items():
+            print(f"  {name:<72} FAILED {reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
