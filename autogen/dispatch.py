@@ -24,6 +24,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
 from tuning_db import DatabaseError, TuningDB, one_per_problem
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
 from tuning_db.engine import display_url
@@ -213,7 +214,7 @@ class Dispatcher:
 
         cupy = _cupy()
         check = validate(family, problem, lambda inputs: kernel.launch(inputs), cupy,
-                         cupy.random.default_rng(secrets.randbits(63)))
+                         cupy.random.default_rng(secrets.randbits(63)), np.random.default_rng(secrets.randbits(63)))
         cupy.cuda.get_current_stream().synchronize()
         return check
 

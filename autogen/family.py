@@ -119,6 +119,12 @@ class Family:
     # True when the template honours the variable `pdl` ("on": the kernel waits for the previous
     # kernel with griddepcontrol.wait after the loads that do not depend on it; see render()).
     pdl_capable: bool = False
+    # Problems moving at most this many bytes (and at most measure.HOST_CHECK_FLOPS) are
+    # validated on the host: inputs made and the float64 reference computed with NumPy, uploaded
+    # for the launch, the outputs read back (autogen.measure.checks_on_host). 0: always on the GPU,
+    # for a family whose cases read views into larger buffers (an upload would align them) or
+    # whose reference is slow in NumPy.
+    host_check_bytes: int = 16 << 20
 
     # --- identity -------------------------------------------------------------------------
     @property

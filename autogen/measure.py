@@ -14,7 +14,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 MAX_SETS = 256  # rotating input sets; enough to exceed 4x L2 even for tiny shapes
+# Small problems are checked and their timing sets made on the host (checks_on_host): on the GPU
+# the same NumPy-style code compiles CuPy's own elementwise and reduction kernels on first use,
+# which took 9.2 s of a fresh machine's first `autogen tune sgemv --m 16384 --n 16` (13.8 s in
+# all, H100). The flop bound keeps the float64 reference on the host to ~10 ms (sgemm's is not).
+HOST_CHECK_FLOPS = 1 << 27
 # One sample: long enough that the events' ~0.5 us resolution is 0.05% of it (2000 us doubled
 # the replay time of a search for the same winners: sgemv 16384 x 16, H100).
 TARGET_REPLAY_US = 1000.0
@@ -72,16 +79,29 @@ def relative_error(xp, out, ref, magnitude=None) -> tuple[float, str]:
     return (diff / norm if norm > 0 else diff), ""
 
 
-def validate(family, problem, launch: Callable[[dict], None], xp, rng) -> Check:
-    """Run `launch` on fresh random inputs for every validation case of the family."""
+def checks_on_host(family, problem) -> bool:
+    """Whether `problem` is small enough to be validated, and its timing sets made, with NumPy."""
+    return (family.bytes_moved(problem, family.timing_case(problem)) <= family.host_check_bytes
+            and family.flops(problem) <= HOST_CHECK_FLOPS)
+
+
+def validate(family, problem, launch: Callable[[dict], None], xp, rng, host_rng=None) -> Check:
+    """Run `launch` on fresh random inputs for every validation case of the family. Given
+    `host_rng` (a NumPy Generator), a problem that checks_on_host is checked on the host: the
+    launch gets the inputs uploaded to `xp` and every array is read back after it."""
+    on_host = host_rng is not None and checks_on_host(family, problem)
+    check_xp, check_rng = (np, host_rng) if on_host else (xp, rng)
     worst = 0.0
     tolerance = family.tolerance_for(problem)
     for case in family.validation_cases(problem):
-        inputs = family.make_inputs(problem, xp, rng, case)
-        expected = family.reference(problem, inputs, xp)  # before the launch overwrites outputs
-        magnitude = family.reference_magnitude(problem, inputs, xp)
-        launch(inputs)
-        error, reason = family.compare(problem, inputs, expected, magnitude, xp)
+        inputs = family.make_inputs(problem, check_xp, check_rng, case)
+        expected = family.reference(problem, inputs, check_xp)  # before the launch overwrites outputs
+        magnitude = family.reference_magnitude(problem, inputs, check_xp)
+        if on_host:
+            _launch_from_host(launch, inputs, xp)
+        else:
+            launch(inputs)
+        error, reason = family.compare(problem, inputs, expected, magnitude, check_xp)
         if reason:
             return Check(False, error, f"case {case}: {reason}")
         if not error <= tolerance:
@@ -90,14 +110,31 @@ def validate(family, problem, launch: Callable[[dict], None], xp, rng) -> Check:
     return Check(True, worst)
 
 
-def timing_sets(family, problem, xp, rng, cold: bool, l2_bytes: int, free_bytes: int) -> list[dict]:
-    """Input sets to rotate over: enough that together they exceed 4x L2 when cold."""
+def _launch_from_host(launch: Callable[[dict], None], inputs: dict, xp) -> None:
+    """`launch` on `inputs` (NumPy) uploaded to `xp`; every array it got is read back into
+    `inputs`, so the outputs (and anything else the kernel wrote) are compared on the host."""
+    device = {name: xp.asarray(value) if isinstance(value, np.ndarray) else value for name, value in inputs.items()}
+    launch(device)
+    download = getattr(xp, "asnumpy", np.asarray)
+    for name, value in inputs.items():
+        if isinstance(value, np.ndarray):
+            inputs[name] = download(device[name])
+
+
+def timing_sets(family, problem, xp, rng, cold: bool, l2_bytes: int, free_bytes: int,
+                host_rng=None) -> list[dict]:
+    """Input sets to rotate over: enough that together they exceed 4x L2 when cold. Given
+    `host_rng`, a problem that checks_on_host gets one set made with NumPy, uploaded as each set."""
     case = family.timing_case(problem)
     set_bytes = max(1, family.bytes_moved(problem, case))
     count = 1
     if cold:
         count = min(MAX_SETS, math.ceil(4 * l2_bytes / set_bytes) + 1)
         count = max(1, min(count, int(0.5 * free_bytes // set_bytes)))
+    if host_rng is not None and checks_on_host(family, problem):
+        made = family.make_inputs(problem, np, host_rng, case)
+        return [{name: xp.asarray(value) if isinstance(value, np.ndarray) else value for name, value in made.items()}
+                for _ in range(count)]
     sets = [family.make_inputs(problem, xp, rng, case) for _ in range(count)]
     # The sets are written by kernels queued on the current stream, and the timing graphs replay
     # on non-blocking streams of their own, which do not wait for it: without this wait the first

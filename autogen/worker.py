@@ -17,6 +17,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import roofline
 from .family import get_family
 from .gpu import device_identity, free_device_memory, require_cupy
@@ -144,6 +146,7 @@ class Evaluator:
         self.context_lost = False
         self._sets: list[dict] | None = None
         self._generator = None
+        self._host_generator = None
         self._modules: dict[str, object] = {}  # keeps loaded modules alive
         self.spent_s: dict[str, float] = {}  # per stage of evaluate (load, validate, inputs, graph, replay)
 
@@ -157,10 +160,16 @@ class Evaluator:
             self._generator = self.cupy.random.default_rng(secrets.randbits(63))
         return self._generator
 
+    def _host_rng(self):
+        # Small problems are checked on the host (autogen.measure.checks_on_host), from this one.
+        if self._host_generator is None:
+            self._host_generator = np.random.default_rng(secrets.randbits(63))
+        return self._host_generator
+
     def timing_inputs(self) -> list[dict]:
         if self._sets is None:
             self._sets = timing_sets(self.family, self.problem, self.cupy, self._rng(), self.cold,
-                                     self.device.l2_bytes, free_device_memory())
+                                     self.device.l2_bytes, free_device_memory(), self._host_rng())
         return self._sets
 
     def _launcher(self, kernel_name: str, cubin: bytes, params: dict):
@@ -182,7 +191,7 @@ class Evaluator:
     def check(self, kernel_name: str, cubin: bytes, params: dict):
         """Validation only (fresh random inputs, poisoned outputs), raising on CUDA errors."""
         return validate(self.family, self.problem, self._launcher(kernel_name, cubin, params),
-                        self.cupy, self._rng())
+                        self.cupy, self._rng(), self._host_rng())
 
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
         """Validate on fresh random inputs, then time; a failure is an Outcome, not an exception.
@@ -192,7 +201,7 @@ class Evaluator:
             with self._stage("load"):
                 launch = self._launcher(kernel_name, cubin, params)
             with self._stage("validate"):
-                check = validate(self.family, self.problem, launch, self.cupy, self._rng())
+                check = validate(self.family, self.problem, launch, self.cupy, self._rng(), self._host_rng())
             if not check.ok:
                 return Outcome(kernel_name, "failed", f"validation: {check.reason}", check.error)
             with self._stage("inputs"):  # the first evaluation makes the rotating input sets

@@ -74,3 +74,74 @@ def test_timing_sets_wait_for_their_generation_before_any_timing():
                              make_inputs=lambda problem, xp, rng, case: events.append("make") or {})
     sets = timing_sets(family, None, xp, None, cold=True, l2_bytes=100, free_bytes=10**6)
     assert len(sets) == 5 and events == ["make"] * 5 + ["synchronize"]
+
+
+class _DeviceArray:
+    """An array on the stand-in device: its NumPy data, reachable only by the stand-in kernel."""
+
+    def __init__(self, data):
+        self.data = data
+
+
+class _UploadsOnly:
+    """A stand-in for CuPy that can only upload and download: any array math done on it (what
+    compiles CuPy's own kernels on a real GPU) raises AttributeError."""
+
+    def __init__(self):
+        self.uploads = 0
+
+    def asarray(self, array):
+        self.uploads += 1
+        return _DeviceArray(np.array(array))
+
+    def asnumpy(self, array):
+        return array.data.copy()
+
+
+def _device_sgemv(launched: list, **faults):
+    def launch(inputs):
+        launched.append({k for k, v in inputs.items() if isinstance(v, _DeviceArray)})
+        numpy_sgemv({k: v.data if isinstance(v, _DeviceArray) else v for k, v in inputs.items()}, **faults)
+    return launch
+
+
+def test_a_small_problem_is_checked_on_the_host_with_no_array_math_on_the_device():
+    from autogen.measure import checks_on_host
+
+    problem = SGEMV.problem(m=100, n=37)
+    assert checks_on_host(SGEMV, problem)
+    device, launched = _UploadsOnly(), []
+    check = validate(SGEMV, problem, _device_sgemv(launched), device, None, np.random.default_rng(0))
+    assert check.ok and check.error < 1e-6
+    # Each case: A, x and y uploaded, the kernel saw device arrays only.
+    cases = len(SGEMV.validation_cases(problem))
+    assert launched == [{"A", "x", "y"}] * cases and device.uploads == 3 * cases
+
+
+def test_the_host_check_still_catches_an_unwritten_output():
+    device = _UploadsOnly()
+    check = validate(SGEMV, SGEMV.problem(m=100, n=37), _device_sgemv([], skip_last_row=True), device, None,
+                     np.random.default_rng(0))
+    assert not check.ok and "1 of 100 outputs are NaN" in check.reason
+
+
+def test_large_or_heavy_problems_and_families_that_opt_out_are_checked_on_the_gpu():
+    from autogen.measure import checks_on_host
+
+    assert not checks_on_host(SGEMV, SGEMV.problem(m=16384, n=1024))  # 64 MiB of A
+    sgemm = get_family("sgemm")
+    assert not checks_on_host(sgemm, sgemm.problem(m=512, n=512, k=512))  # 3 MiB, but 268 MFLOP
+    gelu = get_family("gelu")  # its cases read misaligned views, which an upload would realign
+    assert not checks_on_host(gelu, gelu.problem("float32", n=1024, approximate="tanh"))
+
+
+def test_timing_sets_of_a_small_problem_are_one_host_set_uploaded_to_each_buffer():
+    from autogen.measure import timing_sets
+
+    device = _UploadsOnly()
+    problem = SGEMV.problem(m=100, n=37)
+    sets = timing_sets(SGEMV, problem, device, None, cold=True, l2_bytes=1 << 20, free_bytes=1 << 30,
+                       host_rng=np.random.default_rng(0))
+    assert len(sets) > 1 and device.uploads == 3 * len(sets)
+    first, last = sets[0], sets[-1]
+    assert first["A"] is not last["A"] and np.array_equal(first["A"].data, last["A"].data)
