@@ -20,7 +20,8 @@ MAX_SETS = 256  # rotating input sets; enough to exceed 4x L2 even for tiny shap
 # Small problems are checked and their timing sets made on the host (checks_on_host): on the GPU
 # the same NumPy-style code compiles CuPy's own elementwise and reduction kernels on first use,
 # which took 9.2 s of a fresh machine's first `autogen tune sgemv --m 16384 --n 16` (13.8 s in
-# all, H100). The flop bound keeps the float64 reference on the host to ~10 ms (sgemm's is not).
+# all, H100). The flop bound keeps a float64 product on the host small: a 512^3 sgemm (268 MFLOP)
+# is checked on the GPU.
 HOST_CHECK_FLOPS = 1 << 27
 # One sample: long enough that the events' ~0.5 us resolution is 0.05% of it (2000 us doubled
 # the replay time of a search for the same winners: sgemv 16384 x 16, H100).

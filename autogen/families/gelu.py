@@ -83,7 +83,8 @@ class Gelu(Family):
     tolerance = ew.TOLERANCES["float32"]
     roofline = "memory"
     # Checked on the GPU at every size: its cases read views one element past an aligned address
-    # (ew.offset_view), which an upload from the host would realign and its float64 erf is a Python call per element in NumPy.
+    # (ew.offset_view), which an upload from the host would realign, and its float64 erf is a
+    # Python call per element in NumPy.
     host_check_bytes = 0
     description = "y = gelu(x), tanh or exact (erf) form, fp32, fp16 or bf16, any length"
 
