@@ -52,6 +52,7 @@ def variants(family, bases: list[dict], varied: list[tuple[str, list[str]]]) -> 
 
 def ab_problem(family, problem, configs, rounds: int) -> dict:
     """Validate, then re-time every config interleaved, and time the peer, for one problem."""
+    from autogen import roofline
     from autogen.compile import compile_many
     from autogen.gpu import device_identity
     from autogen.render import render
@@ -79,9 +80,11 @@ def ab_problem(family, problem, configs, rounds: int) -> dict:
     peer = evaluator.time_peer()
     if peer:
         row["peer"], row["peer_us"] = peer[0], round(statistics.median(peer[1]), 3)
-    copy_gbs = evaluator.ceilings().copy_gbs
-    row["copy_gbs"] = round(copy_gbs, 1)
-    row["floor_us"] = round(family.bytes_moved(problem, family.timing_case(problem)) / (copy_gbs * 1e3), 3)
+    # The roofline of the family's bound (bytes over the copy bandwidth, or flops over the FP32 peak).
+    ceilings = evaluator.ceilings()
+    floor = roofline.floor_us(family, problem, family.bytes_moved(problem, family.timing_case(problem)),
+                              ceilings.copy_gbs, ceilings.fp32_tflops)
+    row["copy_gbs"], row["floor_us"] = round(ceilings.copy_gbs, 1), floor and round(floor, 3)
     row["gpu"] = evaluator.device.name
     return row
 
@@ -114,7 +117,7 @@ def main() -> int:
         for name, us in sorted(row["medians_us"].items(), key=lambda item: item[1]):
             ratio = f"{row['peer_us'] / us:5.2f}x" if "peer_us" in row else ""
             print(f"  {name:<72} {us:9.3f} us  +-{row['spreads_us'][name] / 2:.3f}  "
-                  f"{100 * row['floor_us'] / us:5.1f}% floor  {ratio}")
+                  f"{100 * row['floor_us'] / us if row['floor_us'] else 0:5.1f}% floor  {ratio}")
         for name, reason in row["failed"].items():
             print(f"  {name:<72} FAILED {reason}")
     return 0
