@@ -8,6 +8,7 @@ child is killed and started again while the trial that broke it is recorded as f
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import os
@@ -26,6 +27,28 @@ from .measure import (EARLY_FACTOR, REPLAYS, build_timer, sample_until, time_enq
                       validate)
 
 STARTUP_TIMEOUT_S = 180.0
+
+# Thread-pool sizes that autogen's child processes start with, unless the user set them. NumPy's
+# BLAS (and OpenMP) otherwise start one thread per core in every process that imports NumPy, and
+# those threads spin after each call: the GPU worker's host checks (small float64 products) then
+# compete with the compile pool's processes, one per core, for the cores.
+CHILD_THREAD_LIMITS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+_environment_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def child_environment():
+    """Within: processes spawned by this one start with CHILD_THREAD_LIMITS (where the user set
+    none). os.environ is restored after, so that the caller's own later children are unaffected."""
+    with _environment_lock:
+        added = [name for name in CHILD_THREAD_LIMITS if name not in os.environ]
+        for name in added:
+            os.environ[name] = CHILD_THREAD_LIMITS[name]
+        try:
+            yield
+        finally:
+            for name in added:
+                os.environ.pop(name, None)
 
 
 @dataclass(frozen=True)
@@ -347,7 +370,8 @@ class IsolatedEvaluator:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_worker_main, args=(child_conn, self.spec), daemon=True)
-        self._process.start()
+        with child_environment():
+            self._process.start()
         child_conn.close()
 
     def _start(self):

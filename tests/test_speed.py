@@ -164,3 +164,28 @@ def test_a_long_kernel_is_timed_on_one_pass_over_its_sets(monkeypatch):
     timer = measure.build_timer(None, lambda i: None, 2)
     assert built == [2, measure.MIN_GRAPH_LAUNCHES] and timer.launches == measure.MIN_GRAPH_LAUNCHES
     assert timer.repeats == round(measure.TARGET_REPLAY_US / 2.0 / measure.MIN_GRAPH_LAUNCHES)  # ~TARGET_REPLAY_US per sample
+
+
+def _thread_settings() -> dict:
+    import os
+    return {name: os.environ.get(name) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+def test_children_start_with_one_blas_thread_and_the_parent_is_unchanged(monkeypatch):
+    import multiprocessing
+    import os
+
+    from autogen.worker import child_environment
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own choice is kept
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:  # spawned outside: the parent's environment as it is
+        assert pool.apply(_thread_settings)["OPENBLAS_NUM_THREADS"] is None
+    with child_environment():
+        pool = context.Pool(1)
+    with pool:
+        seen = pool.apply(_thread_settings)
+    assert seen == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}
+    assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["OMP_NUM_THREADS"] == "3"
