@@ -12,12 +12,13 @@ answered from the database discards it unused). The compile pool is spawned by a
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import multiprocessing
 import os
 
 from .compile import compile_cubin
-from .worker import IsolatedEvaluator, WorkSpec, stop_with_parent
+from .worker import IsolatedEvaluator, WorkSpec, child_environment, stop_with_parent
 
 # Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
 _prestarted: dict = {"evaluator": None}
@@ -27,12 +28,22 @@ def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     context = multiprocessing.get_context("spawn")
     # Its workers end with this process, even one killed with SIGKILL (a helper process of
     # autogen.distributed, say): orphaned, they would wait for tasks forever.
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=stop_with_parent,
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_compile_worker_start,
                                                   initargs=(os.getpid(),))
     # Spawn every compile worker now (they import NVRTC's bindings while the GPU worker starts).
-    for _ in range(workers):
-        pool.submit(os.getpid)
+    with child_environment():
+        for _ in range(workers):
+            pool.submit(os.getpid)
     return pool
+
+
+def _compile_worker_start(parent_pid: int) -> None:
+    """In each compile process: end with the parent (stop_with_parent), and end without
+    finalising the interpreter once the pool is shut down. A compile leaves nothing to clean up
+    (its cubin is returned, its cache file written), and finalising CuPy and NumPy in 16
+    processes made the pool's shutdown take 0.4 s at the end of every tune (H100 host)."""
+    stop_with_parent(parent_pid)
+    atexit.register(os._exit, 0)  # registered last: the first exit hook to run
 
 
 def _new_pool_soon(workers: int) -> concurrent.futures.Future:

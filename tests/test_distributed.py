@@ -531,3 +531,31 @@ def test_an_older_autogen_s_trials_are_mirrored_with_an_added_parameter_s_old_be
     assert [t.params for t in mirrored] == [{**p, "probe": "off"} for p in configs]
     assert all(t.distributions == dists for t in mirrored)
     after.close()
+
+
+class _Finaliser:
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self):
+        with open(self.path, "w") as marker:
+            marker.write("finalised")
+
+
+def _leave_an_object_to_finalise(path):
+    import types
+    module = sys.modules["_autogen_test_finalised"] = types.ModuleType("_autogen_test_finalised")
+    module.finaliser = _Finaliser(path)  # lives until the interpreter's modules are torn down
+    return os.getpid()
+
+
+def test_compile_workers_leave_without_finalising_the_interpreter(tmp_path):
+    # Shutting the pool down waits for its processes; finalising CuPy and NumPy in each of them
+    # took 0.4 s at the end of every tune on the H100 host, for nothing to clean up.
+    from autogen.backend import _new_pool
+
+    marker = tmp_path / "finalised"
+    pool = _new_pool(1)
+    pool.submit(_leave_an_object_to_finalise, str(marker)).result()
+    pool.shutdown(wait=True)
+    assert not marker.exists()
