@@ -29,9 +29,10 @@ from tuning_db import DatabaseError, TuningDB, one_per_problem
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
 from tuning_db.engine import display_url
 
+from .bound import MAX_REMEMBERED, MISSED, bind_once, sighting
 from .errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
 from .family import call_stream, get_family
-from .launch import launch_ex
+from .launch import ensure_context, launch_ex
 from .notes import note_once
 from .problem import Config, Problem, nearest, parse_shape_key, problem_of_record
 from .render import render, source_hash
@@ -325,22 +326,43 @@ _calls: dict[str, object] = {}
 
 def make_call(family_name: str):
     """The function behind autogen.<api> for one family (cached): bind, one dictionary hit,
-    launch. Every check of the family's bind runs on every call."""
+    launch. Every check of the family's bind runs on a call with new operands; a family with
+    reuse_bound_calls serves a repeat of a call (the same CuPy arrays and arguments, device and
+    stream) from an earlier binding, behind guards (autogen.bound)."""
     found = _calls.get(family_name)
     if found is not None and found.family is get_family(family_name):
         return found
     family = get_family(family_name)
     bind = family.bind
+    reuse = bool(getattr(family, "reuse_bound_calls", False))
     module = sys.modules[__name__]
-    cupy = get_device = ndarray = None  # set by the first call: naming autogen.sgemv needs no GPU
+    # Set by the first call: naming autogen.sgemv needs no GPU.
+    cupy = get_device = ndarray = current_stream = launch_kernel = None
+    use_bound = False  # reuse_bound_calls, where this CuPy has the driver binding it needs
+    bound_calls: dict = {}  # call key -> BoundCall
+    sightings: dict = {}  # call key -> Sighting (seen once)
+    bound_for = None  # the dispatcher whose kernels the bound calls launch
 
     def call_family(*args, stream=None, pdl=False, **kwargs):
-        nonlocal cupy, get_device, ndarray
+        nonlocal cupy, get_device, ndarray, current_stream, launch_kernel, use_bound, bound_calls, sightings, bound_for
         if cupy is None:
             cupy = _cupy()
             get_device, ndarray = cupy.cuda.runtime.getDevice, cupy.ndarray
+            current_stream = cupy.cuda.get_current_stream
+            launch_kernel = getattr(getattr(cupy.cuda, "driver", None), "launchKernel", None)
+            use_bound = reuse and launch_kernel is not None
         device = get_device()
+        key = None
         if stream is None and (not args or type(args[0]) is ndarray):
+            if use_bound and not pdl:
+                stream_ptr = current_stream().ptr
+                # The key of autogen.bound: device, stream, keyword names, every argument's id.
+                key = (device, stream_ptr, *kwargs, *map(id, args), *map(id, kwargs.values()))
+                known = bound_calls.get(key)
+                if known is not None and module._default_dispatcher is bound_for:
+                    served = known.serve(stream_ptr)
+                    if served is not MISSED:
+                        return served
             resolved = None  # CuPy operands on CuPy's current stream: the common case
             problem, inputs, result = bind(cupy, device, args, kwargs)
         else:
@@ -352,11 +374,39 @@ def make_call(family_name: str):
         if kernel is None:
             kernel = dispatcher.lookup(problem, False, device, pdl, resolved)
         kernel.launch(inputs, resolved)
+        if key is not None:
+            if dispatcher is not bound_for:  # another dispatcher serves: its kernels, bound anew
+                bound_calls, sightings, bound_for = {}, {}, dispatcher
+            _remember(key, args + tuple(kwargs.values()), result, kernel, inputs, bound_calls, sightings, ndarray,
+                      launch_kernel)
         return result
 
     call_family.family = family
     _calls[family_name] = call_family
     return call_family
+
+
+def _remember(key: tuple, flat: tuple, result, kernel: TunedKernel, inputs: dict, bound_calls: dict,
+              sightings: dict, ndarray, launch_kernel) -> None:
+    """After a call was bound and launched: on its second sighting with the same live operands,
+    keep it as a BoundCall (autogen.bound); on its first, note it."""
+    seen = sightings.pop(key, None)
+    if seen is not None and seen.holds():
+        bound = bind_once(seen, flat, result, kernel, inputs, ndarray, launch_kernel, _make_context_current)
+        if bound is not None:
+            if len(bound_calls) >= MAX_REMEMBERED:
+                bound_calls.clear()
+            bound_calls[key] = bound
+        return
+    seen = sighting(flat, ndarray)
+    if seen is not None:
+        if len(sightings) >= MAX_REMEMBERED:
+            sightings.clear()
+        sightings[key] = seen
+
+
+def _make_context_current() -> None:
+    ensure_context(_cupy())
 
 
 def _refuse_inside_capture(problem: Problem, stream) -> None:

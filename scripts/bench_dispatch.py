@@ -3,7 +3,8 @@
 1. Host time per call on a hit, for every family with Family.example_call (autogen.sgemv(A, x,
    y=y), autogen.reduce_sum(x, out=out), autogen.softmax(x, out=out), and families added later),
    against bare CuPy RawKernel launches of the same kernels with the same arguments (target
-   <= 1.1x). Host time: perf_counter around many calls, the GPU kept from becoming the
+   <= 1.1x). The same arrays every call, as in a decode loop: from the third call on, autogen
+   serves the call bound (autogen.bound). Host time: perf_counter around many calls, the GPU kept from becoming the
    bottleneck by tiny shapes.
 2. Regret on shapes that were not tuned: the dispatcher's pick (served from the tuned grid in
    --db) against the shape's own tuned best, both timed in the same evaluator, same method
@@ -48,7 +49,7 @@ def per_call_us(fns: dict, calls: int, rounds: int = 7) -> dict:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def host_overhead(db_url: str, calls: int = 5000, profile: bool = False) -> list[dict]:
+def host_overhead(db_url: str, calls: int = 5000, profile: bool = False, rounds: int = 7) -> list[dict]:
     """Host time per dispatched call on a hit, for every family with Family.example_call,
     against bare launches of the same kernel functions with the same arguments: "bare" with
     NumPy scalars (what a user of a CuPy RawKernel writes: np.int32(m), np.float32(alpha)) and
@@ -95,7 +96,7 @@ def host_overhead(db_url: str, calls: int = 5000, profile: bool = False) -> list
             bind(cupy, device, args, kwargs)
 
         times = per_call_us({"bare": bare, "preconverted": preconverted,
-                             "dispatched": dispatched, "bind": bind_only}, calls)
+                             "dispatched": dispatched, "bind": bind_only}, calls, rounds)
         bare_us, floor_us, ours_us = times["bare"], times["preconverted"], times["dispatched"]
         rows.append({"family": family.name, "shape": problem.shape_key, "dtype": problem.dtype,
                      "kernel": kernel.name, "served_by": kernel.served_by, "launches": len(steps),
@@ -164,13 +165,14 @@ def main() -> int:
     parser.add_argument("--db", required=True, help="database holding the tuned grid")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--trials", type=int, default=60)
-    parser.add_argument("--calls", type=int, default=5000, help="calls per timing (7 interleaved rounds)")
+    parser.add_argument("--calls", type=int, default=5000, help="calls per timing")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (the median is reported)")
     parser.add_argument("--overhead-only", action="store_true", help="skip the regret measurement")
     parser.add_argument("--profile", action="store_true",
                         help="print (stderr) a cProfile of every family's dispatched call")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"host_overhead": host_overhead(args.db, args.calls, args.profile),
+    report = {"host_overhead": host_overhead(args.db, args.calls, args.profile, args.rounds),
               "regret": [] if args.overhead_only else regret(args.db, args.out, args.trials)}
     (args.out / "bench_dispatch.json").write_text(json.dumps(report, indent=2))
     print(f"{'family':>10} {'shape':>16} {'launches':>8} {'bare us':>8} {'floor us':>8} {'bind us':>8} "

@@ -36,6 +36,7 @@ class BiasMaskScaleAdd(Family):
     template = "bias_mask_scale_add.cu.j2"
     selftest_template = "export/selftest_bias_mask_scale_add.cu.j2"
     api = "bias_mask_scale_add"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     dims = ("n", "bias_size")
     dtypes = ew.DTYPES
     # Four loads per element in flight (x, bias, addend, mask): fp32 at 16 elements per thread and

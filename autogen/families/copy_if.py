@@ -144,6 +144,7 @@ class CopyIf(Family):
     template = "copy_if.cu.j2"
     selftest_template = "export/selftest_copy_if.cu.j2"
     api = "copy_if"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     dims = ("n",)
     traits = (SELECTIVITY, ORDER)
     dtypes = ("int32", "float32")

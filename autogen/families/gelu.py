@@ -65,6 +65,7 @@ class Gelu(Family):
     template = "gelu.cu.j2"
     selftest_template = "export/selftest_gelu.cu.j2"
     api = "gelu"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     dims = ("n",)
     traits = (Trait("approximate", ("tanh", "none"),
                     "GELU form as torch.nn.functional.gelu: tanh (the tanh approximation) or none (exact, erf)",

@@ -176,6 +176,7 @@ class Hgemv(Family):
     template = "hgemv.cu.j2"
     selftest_template = "export/selftest_hgemv.cu.j2"
     api = "hgemv"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     # The template's `pdl` variable (render(..., pdl=True)), as sgemv's: each thread loads its
     # first chunk of A into registers, then griddepcontrol.wait, then reads x (and y).
     pdl_capable = True

@@ -83,6 +83,7 @@ class Histogram(Family):
     template = "histogram.cu.j2"
     selftest_template = "export/selftest_histogram.cu.j2"
     api = "histogram"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     dims = ("n", "bins")
     traits = (DISTRIBUTION,)
     dtypes = ("int32",)

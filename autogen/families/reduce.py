@@ -67,6 +67,7 @@ class Reduce(Family):
     template = "reduce.cu.j2"
     selftest_template = "export/selftest_reduce.cu.j2"
     api = "reduce_sum"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     dims = ("n",)
     dtypes = ("float32", "float16")
     space = SPACE

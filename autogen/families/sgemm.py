@@ -269,6 +269,7 @@ class Sgemm(Family):
     template = "sgemm.cu.j2"
     selftest_template = "export/selftest_sgemm.cu.j2"
     api = "sgemm"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     dims = ("m", "n", "k")
     dtypes = ("float32",)
     space = SPACE

@@ -67,6 +67,7 @@ class Sgemv(Family):
     template = "sgemv.cu.j2"
     selftest_template = "export/selftest_sgemv.cu.j2"
     api = "sgemv"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     # The template's `pdl` variable (render(..., pdl=True)): griddepcontrol.wait after the
     # weights' prefetch, for chains of small kernels launched with programmatic stream
     # serialization (autogen.launch). Not a searched parameter: one kernel timed alone

@@ -67,6 +67,7 @@ class Softmax(Family):
     template = "softmax.cu.j2"
     selftest_template = "export/selftest_softmax.cu.j2"
     api = "softmax"
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     dims = ("rows", "cols")
     dtypes = ("float32", "float16")
     space = SPACE
