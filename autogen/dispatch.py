@@ -14,7 +14,8 @@ whose template changed since) are validated here, once per process, before they 
 
 The hot path (make_call: autogen.sgemv and the other per-family calls): the family's bind checks
 the operands (dtype, shape, device, layout), one dictionary keyed by (device, problem, pdl) gives
-the kernel, whose launch walks plain tuples. Building a kernel (compile, maybe validate) never
+the kernel, whose launch walks plain tuples. A call repeated with the same operands skips the bind
+and launches argument blocks packed once, behind guards (autogen.bound). Building a kernel (compile, maybe validate) never
 happens inside CUDA graph capture: that raises CaptureError asking for a warm-up call.
 """
 

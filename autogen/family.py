@@ -127,8 +127,8 @@ class Family:
     host_check_bytes: int = 16 << 20
     # True when `bind` only checks and arranges the call's operands (no GPU work, no scratch memory
     # made per call, nothing that depends on the data): the dispatcher may then serve a repeat of
-    # a call (the same CuPy arrays, shapes, dtypes and other arguments, device and stream) from its
-    # first binding, behind guards, without running bind again (autogen.bound).
+    # a call (the same CuPy arrays with the same shapes, the same other arguments, device and
+    # stream) from an earlier binding, behind guards, without running bind again (autogen.bound).
     reuse_bound_calls: bool = False
 
     # --- identity -------------------------------------------------------------------------
