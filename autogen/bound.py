@@ -30,7 +30,7 @@ import weakref
 
 import numpy as np
 
-from .launch import c_argument
+from .launch import dims3, parameter_block
 
 MAX_REMEMBERED = 256  # bound calls (and first sightings) kept per family and dispatcher
 # The arguments besides CuPy arrays that a remembered call may hold: immutable and small.
@@ -113,18 +113,14 @@ def bind_once(seen: Sighting, flat: tuple, result, kernel, inputs: dict, ndarray
             return None
         values = step_args(inputs)
         try:
-            c_values = [c_argument(value) for value in values]
+            c_values, parameters = parameter_block(values)
         except TypeError:  # an argument with no C type here (CuPy's launch converted it)
             return None
         # autogen's own arrays (per-stream workspace) are kept alive with the blocks that point
         # into them; the caller's are not (their weak references guard every reuse).
         keep += [value for value in values if type(value) is ndarray and id(value.data.mem) not in callers_memory]
-        block_of_pointers = (ctypes.c_void_p * max(1, len(c_values)))(*[ctypes.addressof(v) for v in c_values])
-        keep += [c_values, block_of_pointers]
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        block = tuple(block) + (1,) * (3 - len(block))
-        launches.append((pointer, *(max(1, int(g)) for g in grid), *(int(b) for b in block), int(shared_bytes),
-                         ctypes.addressof(block_of_pointers)))
+        keep += [c_values, parameters]
+        launches.append((pointer, *dims3(grid), *dims3(block), int(shared_bytes), ctypes.addressof(parameters)))
     bound = BoundCall.__new__(BoundCall)
     bound.arrays, bound.held = seen.arrays, seen.held
     bound.first, bound.rest = launches[0], tuple(launches[1:])

@@ -114,15 +114,25 @@ def c_argument(value):
                     f"np.float32(...)), got {type(value).__name__}: Python ints and floats have no C width")
 
 
+def dims3(dims) -> tuple[int, int, int]:
+    """A grid or block as the driver takes it: three sizes, missing ones 1, none below 1."""
+    dims = tuple(dims) + (1,) * (3 - len(dims))
+    return tuple(max(1, int(d)) for d in dims)
+
+
+def parameter_block(args) -> tuple[list, ctypes.Array]:
+    """(each argument as a ctypes value, the void*[] pointing at them): cuLaunchKernel's kernel
+    parameters. Both must outlive the launch (or every launch, where the block is kept)."""
+    values = [c_argument(a) for a in args]
+    return values, (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+
+
 def launch_config(grid, block, shared_bytes: int, stream_ptr: int, pdl: bool):
     """(CUlaunchConfig, attribute array) for one launch; the array must outlive the call."""
     attrs = (CUlaunchAttribute * 1)()
     attrs[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attrs[0].value.programmaticStreamSerializationAllowed = 1
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    block = tuple(block) + (1,) * (3 - len(block))
-    config = CUlaunchConfig(*(max(1, int(g)) for g in grid), *(max(1, int(b)) for b in block),
-                            int(shared_bytes), ctypes.c_void_p(stream_ptr or None),
+    config = CUlaunchConfig(*dims3(grid), *dims3(block), int(shared_bytes), ctypes.c_void_p(stream_ptr or None),
                             ctypes.cast(attrs, ctypes.POINTER(CUlaunchAttribute)), 1 if pdl else 0)
     return config, attrs
 
@@ -133,9 +143,7 @@ def launch_ex(function_ptr: int, grid, block, args, shared_bytes: int = 0, strea
     with `pdl`, allowing programmatic stream serialization (the kernel may overlap the tail of
     the previous kernel on the stream and must `griddepcontrol.wait` before reading its output)."""
     lib = lib or libcuda()
-    values = [c_argument(a) for a in args]
-    params = (ctypes.c_void_p * max(1, len(values)))(
-        *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+    _values, params = parameter_block(args)
     config, _attrs = launch_config(grid, block, shared_bytes, stream_ptr, pdl)
     code = lib.cuLaunchKernelEx(ctypes.byref(config), ctypes.c_void_p(function_ptr), params, None)
     if code != 0:
@@ -151,5 +159,5 @@ def ensure_context(cupy) -> None:
         cupy.cuda.Device().use()  # cudaSetDevice makes the primary context current (CUDA >= 12)
 
 
-__all__ = ["CUlaunchAttribute", "CUlaunchAttributeValue", "CUlaunchConfig", "LaunchError", "c_argument",
-           "ensure_context", "launch_config", "launch_ex", "libcuda"]
+__all__ = ["CUlaunchAttribute", "CUlaunchAttributeValue", "CUlaunchConfig", "LaunchError", "c_argument", "dims3",
+           "ensure_context", "launch_config", "launch_ex", "libcuda", "parameter_block"]
