@@ -87,8 +87,9 @@ def test_cupy_stream_capture(family, cupy, fresh_dispatcher):
             call(*args, **kwargs)
         finally:
             graph = stream.end_capture()
-    for value in outputs(kwargs, cupy).values():
-        value.fill(np.nan if value.dtype.kind == "f" else 0)
+    with stream:  # poisoned on the graph's stream: a non-blocking stream does not wait for the null stream
+        for value in outputs(kwargs, cupy).values():
+            value.fill(np.nan if value.dtype.kind == "f" else 0)
     graph.launch(stream)
     stream.synchronize()
     for name, value in defined(outputs(kwargs, cupy)).items():
@@ -165,7 +166,8 @@ def test_pdl_call_matches_the_plain_one(cupy, fresh_dispatcher):
             autogen.sgemv(A, x, y=y, pdl=True)
         finally:
             graph = stream.end_capture()
-    y.fill(np.nan)
+    with stream:  # poisoned on the graph's stream: a non-blocking stream does not wait for the null stream
+        y.fill(np.nan)
     graph.launch(stream)
     stream.synchronize()
     cupy.testing.assert_allclose(y, plain, rtol=1e-5, atol=1e-6)

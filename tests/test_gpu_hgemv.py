@@ -289,7 +289,8 @@ def test_pdl_call_is_bit_identical_to_the_plain_one(dtype, m, n, batch):
             autogen.hgemv(A, x, y=y, pdl=True)
         finally:
             graph = stream.end_capture()
-    y.fill(0)
+    with stream:  # cleared on the graph's stream: a non-blocking stream does not wait for the null stream
+        y.fill(0)
     graph.launch(stream)
     stream.synchronize()
     assert cupy.array_equal(y, plain)
