@@ -14,7 +14,9 @@ dead once the array is gone. A later call with the same key checks guards instea
 Nothing else a bind checks can change for the same CuPy array: its dtype, strides, memory and
 device cannot be set (CuPy 14 raises AttributeError for each). The kernels are then launched
 through CuPy's binding of cuLaunchKernel with argument blocks packed once, instead of through
-CuPy's RawKernel call, which converts every argument again.
+CuPy's RawKernel call, which converts every argument again. Where the C hit path is built
+(autogen/_hitpath.c, see autogen.dispatch.make_call) it serves these calls instead: the same key,
+the same guards, the launches read from BoundCall.packed; a call it cannot serve comes here.
 
 Only calls that return their own arrays (or None) are remembered: a call that allocates its
 output (out=None) binds every time, and so does a call whose arrays are new each time (a call
@@ -26,6 +28,7 @@ made per call).
 from __future__ import annotations
 
 import ctypes
+import struct
 import weakref
 
 import numpy as np
@@ -37,6 +40,9 @@ MAX_REMEMBERED = 256  # bound calls (and first sightings) kept per family and di
 PLAIN_TYPES = (int, float, bool, str, type(None), np.generic)
 CUDA_ERROR_INVALID_CONTEXT = 201
 MISSED = object()  # BoundCall.serve: a guard failed
+# One launch as the C hit path reads it (PackedLaunch in autogen/_hitpath.c): the CUfunction,
+# grid, block, shared bytes, 4 unused bytes, and the address of the kernel parameters' void *[].
+PACKED_LAUNCH = struct.Struct("=Q3I3IIIQ")
 
 
 class Sighting:
@@ -61,7 +67,7 @@ class Sighting:
 class BoundCall(Sighting):
     """A call bound once: its guards, its packed launches and how to give its result again."""
 
-    __slots__ = ("first", "rest", "result", "keep", "launch_kernel", "make_context_current")
+    __slots__ = ("first", "rest", "packed", "result", "keep", "launch_kernel", "make_context_current")
 
     def serve(self, stream_ptr: int):
         """The call again on `stream_ptr` where the guards hold: its kernels launched, its
@@ -124,6 +130,7 @@ def bind_once(seen: Sighting, flat: tuple, result, kernel, inputs: dict, ndarray
     bound = BoundCall.__new__(BoundCall)
     bound.arrays, bound.held = seen.arrays, seen.held
     bound.first, bound.rest = launches[0], tuple(launches[1:])
+    bound.packed = b"".join(PACKED_LAUNCH.pack(*launch[:8], 0, launch[8]) for launch in launches)
     bound.result, bound.keep = returned, tuple(keep)
     bound.launch_kernel, bound.make_context_current = launch_kernel, make_context_current
     return bound
@@ -147,4 +154,4 @@ def _result_of(result, arrays: dict):
     return weakref.ref(result) if id(result) in arrays else None
 
 
-__all__ = ["BoundCall", "MAX_REMEMBERED", "MISSED", "PLAIN_TYPES", "Sighting", "bind_once", "sighting"]
+__all__ = ["BoundCall", "MAX_REMEMBERED", "MISSED", "PACKED_LAUNCH", "PLAIN_TYPES", "Sighting", "bind_once", "sighting"]

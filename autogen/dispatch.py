@@ -15,12 +15,14 @@ whose template changed since) are validated here, once per process, before they 
 The hot path (make_call: autogen.sgemv and the other per-family calls): the family's bind checks
 the operands (dtype, shape, device, layout), one dictionary keyed by (device, problem, pdl) gives
 the kernel, whose launch walks plain tuples. A call repeated with the same operands skips the bind
-and launches argument blocks packed once, behind guards (autogen.bound). Building a kernel (compile, maybe validate) never
+and launches argument blocks packed once, behind guards (autogen.bound), served in C where
+autogen/_hitpath.c is built. Building a kernel (compile, maybe validate) never
 happens inside CUDA graph capture: that raises CaptureError asking for a warm-up call.
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -33,10 +35,15 @@ from tuning_db.engine import display_url
 from .bound import MAX_REMEMBERED, MISSED, bind_once, sighting
 from .errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
 from .family import call_stream, get_family
-from .launch import ensure_context, launch_ex
+from .launch import LaunchError, ensure_context, launch_ex, libcuda
 from .notes import note_once
 from .problem import Config, Problem, nearest, parse_shape_key, problem_of_record
 from .render import render, source_hash
+
+try:  # the hit path in C (autogen/_hitpath.c), built by `pip install`; absent in a bare checkout
+    from ._hitpath import HitPath
+except ImportError:
+    HitPath = None
 
 
 @dataclass
@@ -329,7 +336,8 @@ def make_call(family_name: str):
     """The function behind autogen.<api> for one family (cached): bind, one dictionary hit,
     launch. Every check of the family's bind runs on a call with new operands; a family with
     reuse_bound_calls serves a repeat of a call (the same CuPy arrays and arguments, device and
-    stream) from an earlier binding, behind guards (autogen.bound)."""
+    stream) from an earlier binding, behind guards (autogen.bound), in C where the hit path is
+    built (autogen/_hitpath.c: the returned object is then a HitPath whose misses come here)."""
     found = _calls.get(family_name)
     if found is not None and found.family is get_family(family_name):
         return found
@@ -340,18 +348,19 @@ def make_call(family_name: str):
     # Set by the first call: naming autogen.sgemv needs no GPU.
     cupy = get_device = ndarray = current_stream = launch_kernel = None
     use_bound = False  # reuse_bound_calls, where this CuPy has the driver binding it needs
-    bound_calls: dict = {}  # call key -> BoundCall
-    sightings: dict = {}  # call key -> Sighting (seen once)
-    bound_for = None  # the dispatcher whose kernels the bound calls launch
+    # The remembered calls and the dispatcher whose kernels they launch; a HitPath serves them.
+    memo = HitPath() if reuse and HitPath is not None else Remembered()
 
     def call_family(*args, stream=None, pdl=False, **kwargs):
-        nonlocal cupy, get_device, ndarray, current_stream, launch_kernel, use_bound, bound_calls, sightings, bound_for
+        nonlocal cupy, get_device, ndarray, current_stream, launch_kernel, use_bound
         if cupy is None:
             cupy = _cupy()
             get_device, ndarray = cupy.cuda.runtime.getDevice, cupy.ndarray
             current_stream = cupy.cuda.get_current_stream
             launch_kernel = getattr(getattr(cupy.cuda, "driver", None), "launchKernel", None)
             use_bound = reuse and launch_kernel is not None
+            if use_bound and type(memo) is not Remembered:
+                _serve_in_c(memo, get_device, current_stream)
         device = get_device()
         key = None
         if stream is None and (not args or type(args[0]) is ndarray):
@@ -359,8 +368,8 @@ def make_call(family_name: str):
                 stream_ptr = current_stream().ptr
                 # The key of autogen.bound: device, stream, keyword names, every argument's id.
                 key = (device, stream_ptr, *kwargs, *map(id, args), *map(id, kwargs.values()))
-                known = bound_calls.get(key)
-                if known is not None and module._default_dispatcher is bound_for:
+                known = memo.calls.get(key)
+                if known is not None and module._default_dispatcher is memo.dispatcher:
                     served = known.serve(stream_ptr)
                     if served is not MISSED:
                         return served
@@ -376,15 +385,50 @@ def make_call(family_name: str):
             kernel = dispatcher.lookup(problem, False, device, pdl, resolved)
         kernel.launch(inputs, resolved)
         if key is not None:
-            if dispatcher is not bound_for:  # another dispatcher serves: its kernels, bound anew
-                bound_calls, sightings, bound_for = {}, {}, dispatcher
-            _remember(key, args + tuple(kwargs.values()), result, kernel, inputs, bound_calls, sightings, ndarray,
-                      launch_kernel)
+            if dispatcher is not memo.dispatcher:  # another dispatcher serves: its kernels, bound anew
+                memo.calls.clear()
+                memo.sightings.clear()
+                memo.dispatcher = dispatcher
+            _remember(key, args + tuple(kwargs.values()), result, kernel, inputs, memo.calls, memo.sightings,
+                      ndarray, launch_kernel)
         return result
 
-    call_family.family = family
-    _calls[family_name] = call_family
-    return call_family
+    if type(memo) is Remembered:
+        call_family.family = family
+        _calls[family_name] = call_family
+        return call_family
+    memo.fallback, memo.family = call_family, family
+    _calls[family_name] = memo
+    return memo
+
+
+class Remembered:
+    """A family's remembered calls (autogen.bound) where the C hit path is not built: key ->
+    BoundCall, key -> Sighting, and the dispatcher whose kernels they launch. A HitPath has the
+    same three attributes."""
+
+    __slots__ = ("calls", "sightings", "dispatcher")
+
+    def __init__(self):
+        self.calls: dict = {}
+        self.sightings: dict = {}
+        self.dispatcher = None
+
+
+def _serve_in_c(hit_path, get_device, current_stream) -> None:
+    """Let `hit_path` serve remembered calls, where the driver's cuLaunchKernel can be found."""
+    address = cuda_launch_kernel_address()
+    if address:
+        hit_path.configure(get_device, current_stream, address, globals())
+
+
+def cuda_launch_kernel_address() -> int | None:
+    """The address of the driver's cuLaunchKernel, which the C hit path calls; None where the
+    driver library cannot be loaded (the remembered calls are then served from Python)."""
+    try:
+        return ctypes.cast(libcuda().cuLaunchKernel, ctypes.c_void_p).value
+    except (LaunchError, AttributeError):
+        return None
 
 
 def _remember(key: tuple, flat: tuple, result, kernel: TunedKernel, inputs: dict, bound_calls: dict,

@@ -4,8 +4,9 @@
    y=y), autogen.reduce_sum(x, out=out), autogen.softmax(x, out=out), and families added later),
    against bare CuPy RawKernel launches of the same kernels with the same arguments (target
    <= 1.1x). The same arrays every call, as in a decode loop: from the third call on, autogen
-   serves the call bound (autogen.bound). Host time: perf_counter around many calls, the GPU kept from becoming the
-   bottleneck by tiny shapes.
+   serves the call bound (autogen.bound), in C where autogen/_hitpath.c is built; the same call
+   with its remembered calls served from Python is timed beside it. Host time: perf_counter
+   around many calls, the GPU kept from becoming the bottleneck by tiny shapes.
 2. Regret on shapes that were not tuned: the dispatcher's pick (served from the tuned grid in
    --db) against the shape's own tuned best, both timed in the same evaluator, same method
    (target within 10%).
@@ -47,6 +48,21 @@ def per_call_us(fns: dict, calls: int, rounds: int = 7) -> dict:
             samples[name].append((time.perf_counter() - started) / calls * 1e6)
             cupy.cuda.Device().synchronize()
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def python_served_call(family_name: str):
+    """The family's dispatched call with its remembered calls served from Python (the C hit
+    path off), made beside the cached one."""
+    import autogen.dispatch as dispatch
+
+    built, cached = dispatch.HitPath, dispatch._calls.pop(family_name, None)
+    dispatch.HitPath = None
+    try:
+        return dispatch.make_call(family_name)
+    finally:
+        dispatch.HitPath = built
+        if cached is not None:
+            dispatch._calls[family_name] = cached
 
 
 def host_overhead(db_url: str, calls: int = 5000, profile: bool = False, rounds: int = 7) -> list[dict]:
@@ -92,17 +108,23 @@ def host_overhead(db_url: str, calls: int = 5000, profile: bool = False, rounds:
         def dispatched(call=call, args=args, kwargs=kwargs):
             call(*args, **kwargs)
 
+        def dispatched_python(call=python_served_call(family.name), args=args, kwargs=kwargs):
+            call(*args, **kwargs)
+
         def bind_only(bind=family.bind, args=args, kwargs=kwargs):  # the checks, no launch
             bind(cupy, device, args, kwargs)
 
-        times = per_call_us({"bare": bare, "preconverted": preconverted,
-                             "dispatched": dispatched, "bind": bind_only}, calls, rounds)
+        times = per_call_us({"bare": bare, "preconverted": preconverted, "dispatched": dispatched,
+                             "dispatched_python": dispatched_python, "bind": bind_only}, calls, rounds)
         bare_us, floor_us, ours_us = times["bare"], times["preconverted"], times["dispatched"]
         rows.append({"family": family.name, "shape": problem.shape_key, "dtype": problem.dtype,
                      "kernel": kernel.name, "served_by": kernel.served_by, "launches": len(steps),
                      "bare_rawkernel_us": round(bare_us, 3), "bare_preconverted_us": round(floor_us, 3),
                      "bind_only_us": round(times["bind"], 3),
+                     "hit_path": "C" if getattr(call, "configured", False) else "Python",
                      "autogen_us": round(ours_us, 3), "ratio_vs_bare": round(ours_us / bare_us, 3),
+                     "autogen_python_hit_us": round(times["dispatched_python"], 3),
+                     "ratio_python_hit_vs_bare": round(times["dispatched_python"] / bare_us, 3),
                      "ratio_vs_preconverted": round(ours_us / floor_us, 3)})
         if profile:
             print(f"--- {family.name}: where the host time of a dispatched call goes", file=sys.stderr)
@@ -176,11 +198,12 @@ def main() -> int:
               "regret": [] if args.overhead_only else regret(args.db, args.out, args.trials)}
     (args.out / "bench_dispatch.json").write_text(json.dumps(report, indent=2))
     print(f"{'family':>10} {'shape':>16} {'launches':>8} {'bare us':>8} {'floor us':>8} {'bind us':>8} "
-          f"{'autogen us':>10} {'vs bare':>8} {'vs floor':>8}")
+          f"{'autogen us':>10} {'vs bare':>8} {'vs floor':>8} {'hit':>6} {'Python hit us':>13} {'vs bare':>8}")
     for h in report["host_overhead"]:
         print(f"{h['family']:>10} {h['shape']:>16} {h['launches']:>8} {h['bare_rawkernel_us']:>8} "
               f"{h['bare_preconverted_us']:>8} {h['bind_only_us']:>8} {h['autogen_us']:>10} {h['ratio_vs_bare']:>7}x "
-              f"{h['ratio_vs_preconverted']:>7}x")
+              f"{h['ratio_vs_preconverted']:>7}x {h['hit_path']:>6} {h['autogen_python_hit_us']:>13} "
+              f"{h['ratio_python_hit_vs_bare']:>7}x")
     if report["regret"]:
         print(f"{'shape':>11} {'served':>8} {'from':>14} {'pick us':>8} {'best us':>8} {'regret':>7}")
     for r in report["regret"]:

@@ -5,7 +5,9 @@ driver launch that records what it is given. A call is remembered on its second 
 served bound from the third. Each test checks a guard: the bound call is reused only for the
 same live arrays with the same shapes, the same other arguments (the same objects), the same
 device and stream; anything else binds again, so every check of the bind still runs where
-something changed."""
+something changed. Every test of a served call runs twice: served from Python, and from the C
+hit path (autogen/_hitpath.c), whose cuLaunchKernel is then a ctypes callback into the same
+stand-in driver."""
 
 from __future__ import annotations
 
@@ -69,6 +71,16 @@ class Driver:
     def __init__(self):
         self.launches: list[tuple] = []
         self.fail_first_with: int | None = None
+        self.from_c = 0  # launches the C hit path made
+
+    def c_launch_kernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, parameters, extra):
+        """cuLaunchKernel as the C hit path calls it: a failure is a status (left for the Python
+        path's launch to raise, as a real driver would fail it again)."""
+        if self.fail_first_with is not None:
+            return self.fail_first_with
+        self.from_c += 1
+        self.launches.append((function, (gx, gy, gz), (bx, by, bz), shared, stream or 0, parameters))
+        return 0
 
     def launchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, parameters, extra):
         if self.fail_first_with is not None:
@@ -96,11 +108,24 @@ def stand_in_cupy(driver):
     return cupy, streams, device
 
 
-@pytest.fixture
-def served(monkeypatch):
-    """A dispatched call of a family, its kernel a stand-in: (call, driver, cupy calls, binds, streams)."""
+C_LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_void_p)
+
+
+@pytest.fixture(params=["python", "c"])
+def served(request, monkeypatch):
+    """A dispatched call of a family, its kernel a stand-in: (call, driver, cupy calls, binds, streams),
+    its remembered calls served from Python or from the C hit path."""
     driver = Driver()
     cupy, streams, device = stand_in_cupy(driver)
+    if request.param == "python":
+        monkeypatch.setattr(dispatch, "HitPath", None)
+    else:
+        if dispatch.HitPath is None:
+            pytest.fail("autogen._hitpath is not built: pip install -e . builds it")
+        callback = C_LAUNCH_KERNEL(driver.c_launch_kernel)
+        address = ctypes.cast(callback, ctypes.c_void_p).value
+        monkeypatch.setattr(dispatch, "cuda_launch_kernel_address", lambda: address)
     monkeypatch.setattr(dispatch, "_CUPY", cupy)
     monkeypatch.setattr(dispatch, "_calls", {})
     monkeypatch.setattr(dispatch, "_default_dispatcher", Dispatcher("sqlite://"))
@@ -127,7 +152,8 @@ def served(monkeypatch):
         return make_call(name)
 
     return types.SimpleNamespace(serve=serve, driver=driver, cupy_calls=cupy_calls, binds=binds,
-                                 streams=streams, device=device)
+                                 streams=streams, device=device, path=request.param,
+                                 keep=locals().get("callback"))
 
 
 def sgemv_operands(m=1024, n=16):
@@ -150,6 +176,7 @@ def test_a_repeated_call_launches_its_packed_kernel_without_binding_again(served
         assert call(A, x, y=y, alpha=alpha) is y
     assert len(served.binds) == 2 and len(served.cupy_calls) == 2
     assert len(served.driver.launches) == 3
+    assert served.driver.from_c == (3 if served.path == "c" else 0)
     function, grid, block, shared, stream, parameters = served.driver.launches[-1]
     assert function == 0x1000 and stream == 0
     # The packed block holds what the kernel takes: A, x, y, m, n, alpha, beta.
@@ -306,3 +333,13 @@ def test_another_dispatcher_binds_its_own_kernels(served):
     dispatch._default_dispatcher._kernels = old._kernels
     call(A, x, y=y)
     assert len(served.binds) == 3 and len(served.driver.launches) == 1
+
+
+def test_without_the_driver_library_the_c_hit_path_leaves_every_call_to_python(served, monkeypatch):
+    monkeypatch.setattr(dispatch, "cuda_launch_kernel_address", lambda: None)
+    A, x, y = sgemv_operands()
+    call = served.serve("sgemv", (A, x), {"y": y})
+    for _ in range(4):
+        assert call(A, x, y=y) is y
+    assert len(served.binds) == 2 and len(served.driver.launches) == 2 and served.driver.from_c == 0
+    assert getattr(call, "configured", False) is False

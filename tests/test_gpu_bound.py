@@ -1,7 +1,8 @@
 """On the GPU: a repeated dispatched call served from an earlier binding (autogen.bound) launches
 the same kernels on the same memory as a freshly bound call, for every family with
 Family.example_call: new data written into the inputs in place is read, poisoned outputs are
-written, and the result matches a call bound anew (fresh output arrays)."""
+written, and the result matches a call bound anew (fresh output arrays). Where autogen/_hitpath.c
+is built the repeated call is served in C."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def test_a_repeated_call_reads_new_data_and_matches_a_fresh_binding(family, cupy
         value.fill(np.nan if value.dtype.kind == "f" else 0)
     bound = as_tuple(call(*args, **kwargs))
     assert binds == [1, 1], "the repeated call was bound again"
+    if dispatch.HitPath is not None:  # built (pip install): that call was served by the C hit path
+        assert call.configured, "the C hit path found no cuLaunchKernel"
     assert all(any(r is v for v in outputs(kwargs, cupy).values()) for r in bound)
     fresh_kwargs = {k: cupy.empty_like(v) if isinstance(v, cupy.ndarray) else v for k, v in kwargs.items()}
     fresh = as_tuple(call(*args, **fresh_kwargs))
