@@ -130,16 +130,18 @@ def _named_family(argv: list[str]):
 
 
 # Commands that ask the GPU's driver for the device (tune and bench, cold or answered from the
-# database): its initialisation (cuInit, about 0.4 s) and CuPy's import are started first, on a thread.
+# database): its initialisation (cuInit, about 0.4 s), CuPy's import and NVRTC's loading are
+# started first, on a thread.
 GPU_COMMANDS = ("tune", "bench")
 
 
 def _start_gpu_preparation() -> None:
-    """cuInit, then `import cupy`, on a daemon thread, while the main thread imports the tuner and
-    the database layers: ctypes releases the GIL while the driver initialises, and an import
-    releases it while it reads its files (on a machine just started, CuPy's import took 1.0 s of
-    the main thread, 0.25 s once its files were cached). The command's own checks come later and
-    find both done. Where there is no driver or no CuPy nothing happens here: the command says so."""
+    """cuInit, then `import cupy` and NVRTC's loading, on a daemon thread, while the main thread
+    imports the tuner and the database layers: ctypes releases the GIL while the driver
+    initialises, and an import or a library search releases it while it reads the disk (on a
+    machine just started, CuPy's import took 1.0 s of the main thread, 0.25 s once its files were
+    cached). The command's own checks come later and find them done. Where there is no driver or
+    no CuPy nothing happens here: the command says so."""
     import ctypes
     import threading
 
@@ -147,6 +149,11 @@ def _start_gpu_preparation() -> None:
         try:
             ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1").cuInit(0)
             import cupy  # noqa: F401
+            # CuPy loads NVRTC on first use, after searching the disk for it (cuda.pathfinder's
+            # search: up to 0.7 s in a profile of the warm command on the H100 host); the
+            # device's identity names NVRTC's version.
+            from cupy_backends.cuda.libs import nvrtc
+            nvrtc.getVersion()
         except Exception:
             pass
 
