@@ -37,12 +37,23 @@ def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     return pool
 
 
+# How much lower the compile processes' CPU priority is than the tuner's (os.nice): with one
+# compile process per core, the GPU worker (validation and timing: Python, CUDA synchronisations)
+# and the search otherwise wait for time slices behind NVRTC.
+COMPILE_NICENESS = 10
+
+
 def _compile_worker_start(parent_pid: int) -> None:
-    """In each compile process: end with the parent (stop_with_parent), and end without
-    finalising the interpreter once the pool is shut down. A compile leaves nothing to clean up
-    (its cubin is returned, its cache file written), and finalising CuPy and NumPy in 16
-    processes made the pool's shutdown take 0.4 s at the end of every tune (H100 host)."""
+    """In each compile process: end with the parent (stop_with_parent), run at a lower CPU
+    priority than the GPU worker and the search, and end without finalising the interpreter
+    once the pool is shut down. A compile leaves nothing to clean up (its cubin is returned,
+    its cache file written), and finalising CuPy and NumPy in 16 processes made the pool's
+    shutdown take 0.4 s at the end of every tune (H100 host)."""
     stop_with_parent(parent_pid)
+    try:
+        os.nice(COMPILE_NICENESS)
+    except (AttributeError, OSError):  # no os.nice (Windows), or not allowed: same priority
+        pass
     atexit.register(os._exit, 0)  # registered last: the first exit hook to run
 
 

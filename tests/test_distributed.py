@@ -559,3 +559,14 @@ def test_compile_workers_leave_without_finalising_the_interpreter(tmp_path):
     pool.submit(_leave_an_object_to_finalise, str(marker)).result()
     pool.shutdown(wait=True)
     assert not marker.exists()
+
+
+def test_compile_workers_run_at_a_lower_priority_than_the_tuner():
+    # One compile process per core: the GPU worker and the search must not wait behind them.
+    from autogen.backend import COMPILE_NICENESS, _new_pool
+
+    pool = _new_pool(1)
+    try:
+        assert pool.submit(os.nice, 0).result() == min(19, os.nice(0) + COMPILE_NICENESS)
+    finally:
+        pool.shutdown(wait=True)
