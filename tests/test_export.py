@@ -5,13 +5,14 @@ nothing unchecked from the database reaches the files."""
 from __future__ import annotations
 
 import json
-
+import math
 import random
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autogen import export as export_module
@@ -508,3 +509,83 @@ def test_other_families_export_with_their_own_dims_and_dtypes(tmp_path, monkeypa
     assert probe_variants(probe, queries) == expected
     probe16 = dispatch_probe(out, "autogen_scale_test.h", "autogen_scale_test_f16", 1, library, tmp_path)
     assert probe_variants(probe16, [(1,), (10**6,)]) == ["scale_test_f16_b128"] * 2
+
+
+# The sgemv self-test hook's error measure, compiled with nvcc and run on the host (no GPU): it
+# must judge an output as sgemv.py does (relative to |alpha| |A| |x| + |beta| |y|).
+ERROR_HARNESS = r"""
+#include <cstdio>
+#include <string>
+#include <vector>
+#define main autogen_selftest_main
+#include "autogen_sgemv_selftest.cu"
+#undef main
+
+static bool read_all(std::vector<float>& values)
+{
+    for (float& v : values)
+        if (std::scanf("%f", &v) != 1) return false;
+    return true;
+}
+
+int main()
+{
+    int m = 0, n = 0;
+    float alpha = 0.0f, beta = 0.0f;
+    if (std::scanf("%d %d %f %f", &m, &n, &alpha, &beta) != 4) return 2;
+    std::vector<float> a((std::size_t)m * n), x((std::size_t)n), y_in((std::size_t)m), out((std::size_t)m);
+    if (!read_all(a) || !read_all(x) || !read_all(y_in) || !read_all(out)) return 2;
+    std::string why;
+    const double error = autogen_sgemv_test::Workload::output_error(a, x, y_in, out, m, n, alpha, beta, &why);
+    std::printf("%.17g\n%s\n", error, why.c_str());
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def error_harness(exported, tmp_path_factory) -> Path:
+    nvcc = nvcc_or_skip()
+    work = tmp_path_factory.mktemp("sgemv_harness")
+    library = build_library(exported / "autogen_sgemv.cu", "sm_80", work)
+    source = work / "harness.cu"
+    source.write_text(ERROR_HARNESS)
+    run([nvcc, "-std=c++17", *WERROR, f"-I{exported}", str(source), str(library), "-o", str(work / "harness")])
+    return work / "harness"
+
+
+def harness_error(binary: Path, A, x, y_in, out, alpha: float, beta: float) -> tuple[float, str]:
+    words = [f"{A.shape[0]} {A.shape[1]} {alpha!r} {beta!r}"]
+    words += [" ".join("nan" if np.isnan(v) else repr(float(v)) for v in values.ravel()) for values in (A, x, y_in, out)]
+    lines = run([str(binary)], input="\n".join(words) + "\n").stdout.splitlines()
+    return float(lines[0]), (lines[1] if len(lines) > 1 else "")
+
+
+@pytest.mark.parametrize("m,n,alpha,beta", [(1, 4099, 1.5, 0.0), (37, 1000, -0.75, 1.25)])
+def test_selftest_error_matches_sgemv_py(error_harness, m, n, alpha, beta):
+    from autogen.measure import relative_error
+
+    family = get_family("sgemv")
+    rng = np.random.default_rng(7)
+    A = (rng.random((m, n)) - 0.5).astype(np.float32)
+    x = (rng.random(n) - 0.5).astype(np.float32)
+    if m == 1:  # cancel the one dot product to nearly zero: |y| alone would fail a correct kernel
+        x[-1] = np.float32(-(A[0, :-1].astype(np.float64) @ x[:-1].astype(np.float64)) / A[0, -1])
+    y_in = (rng.random(m) - 0.5).astype(np.float32) if beta else np.full(m, np.nan, np.float32)
+    inputs = {"A": A, "x": x, "y": y_in.copy(), "alpha": alpha, "beta": beta}
+    problem = family.problem(m=m, n=n)
+    expected = family.reference(problem, inputs, np)
+    magnitude = family.reference_magnitude(problem, inputs, np)
+    # A correct fp32 kernel: products summed in fp32, in order.
+    products = (A * x).astype(np.float32)
+    out = (np.float32(alpha) * np.cumsum(products, axis=1, dtype=np.float32)[:, -1]
+           + (np.float32(beta) * y_in if beta else np.float32(0))).astype(np.float32)
+    for output, passes in ((out, True), ((out + 1e-3 * magnitude).astype(np.float32), False)):
+        error, why = harness_error(error_harness, A, x, y_in, output, alpha, beta)
+        python_error, _ = relative_error(np, output, expected, magnitude)
+        assert why == "" and error == pytest.approx(python_error, rel=1e-6, abs=1e-12)
+        assert (error <= family.tolerance) is passes, error
+    poisoned = out.copy()
+    poisoned[-1] = np.nan
+    error, why = harness_error(error_harness, A, x, y_in, poisoned, alpha, beta)
+    assert error == math.inf and "NaN/inf" in why
