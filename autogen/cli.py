@@ -152,8 +152,8 @@ def _start_gpu_preparation() -> None:
             # CuPy loads NVRTC on first use, after searching the disk for it (cuda.pathfinder's
             # search: up to 0.7 s in a profile of the warm command on the H100 host); the
             # device's identity names NVRTC's version.
-            from cupy_backends.cuda.libs import nvrtc
-            nvrtc.getVersion()
+            from .compile import nvrtc_version
+            nvrtc_version()
         except Exception:
             pass
 

@@ -343,3 +343,9 @@ def test_without_the_driver_library_the_c_hit_path_leaves_every_call_to_python(s
         assert call(A, x, y=y) is y
     assert len(served.binds) == 2 and len(served.driver.launches) == 2 and served.driver.from_c == 0
     assert getattr(call, "configured", False) is False
+
+
+def test_the_packed_launch_layout_is_the_c_hit_paths():
+    hit_path = pytest.importorskip("autogen._hitpath")  # not built: test_*[c] above fail instead
+    from autogen.bound import PACKED_LAUNCH
+    assert PACKED_LAUNCH.size == hit_path.PACKED_LAUNCH_BYTES == 48
