@@ -140,14 +140,18 @@ def _start_gpu_preparation() -> None:
     imports the tuner and the database layers: ctypes releases the GIL while the driver
     initialises, and an import or a library search releases it while it reads the disk (on a
     machine just started, CuPy's import took 1.0 s of the main thread, 0.25 s once its files were
-    cached). The command's own checks come later and find them done. Where there is no driver or
-    no CuPy nothing happens here: the command says so."""
+    cached). The command's own checks come later and find them done. Where autogen.stack_record
+    holds, the main process needs no CuPy to name the GPU (its GPU worker imports its own), so
+    none is imported. Where there is no driver or no CuPy nothing happens here: the command says so."""
     import ctypes
     import threading
 
     def prepare() -> None:
         try:
             ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1").cuInit(0)
+            from . import stack_record
+            if stack_record.recall() is not None:
+                return
             import cupy  # noqa: F401
             # CuPy loads NVRTC on first use, after searching the disk for it (cuda.pathfinder's
             # search: up to 0.7 s in a profile of the warm command on the H100 host); the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 from tuning_db.records import DeviceIdentity
 
@@ -55,6 +56,67 @@ def device_identity(device_id: int | None = None) -> DeviceIdentity:
         runtime_version=int(runtime.runtimeGetVersion()),
         nvrtc_version=nvrtc_version(),
     )
+
+
+def identity_for_lookup() -> DeviceIdentity:
+    """The current GPU's identity for a database lookup: device_identity()'s answer, from the
+    driver (through ctypes) and autogen.stack_record where that record holds, so CuPy is not
+    imported; from CuPy otherwise, which then records the stack for the next command. Where CuPy
+    is already imported, its current device is the one meant, so CuPy answers."""
+    from . import stack_record
+
+    recalled = None if "cupy" in sys.modules else stack_record.recall()
+    if recalled is None:
+        identity = device_identity()
+        stack_record.remember(identity.runtime_version, identity.nvrtc_version)
+        return identity
+    try:
+        name, compute_capability, sm_count, l2_bytes, driver_version = driver_properties(0)
+    except (OSError, RuntimeError):  # no driver, no device: CuPy's path says which, in one line
+        return device_identity()
+    runtime_version, nvrtc = recalled
+    return DeviceIdentity(name=name, compute_capability=compute_capability, sm_count=sm_count,
+                          l2_bytes=l2_bytes, driver_version=driver_version, runtime_version=runtime_version,
+                          nvrtc_version=nvrtc)
+
+
+# cuDeviceGetAttribute's attributes (cuda.h's CUdevice_attribute).
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+
+def driver_properties(ordinal: int) -> tuple[str, str, int, int, int]:
+    """(name, compute capability, SM count, L2 bytes, driver version) of the device `ordinal`
+    from the driver API alone: the values CuPy's runtime reports for them."""
+    import ctypes
+
+    from .launch import libcuda
+
+    lib = libcuda()
+    device = ctypes.c_int()
+
+    def check(code: int, what: str) -> None:
+        if code != 0:
+            raise RuntimeError(f"{what} failed with CUDA error {code}")
+
+    check(lib.cuInit(0), "cuInit")
+    check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+    name = ctypes.create_string_buffer(256)
+    check(lib.cuDeviceGetName(name, len(name), device), "cuDeviceGetName")
+
+    def attribute(code: int) -> int:
+        value = ctypes.c_int()
+        check(lib.cuDeviceGetAttribute(ctypes.byref(value), code, device), "cuDeviceGetAttribute")
+        return value.value
+
+    version = ctypes.c_int()
+    check(lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+    major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+    minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+    return (name.value.decode(), f"{major}.{minor}", attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            attribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE), version.value)
 
 
 def free_device_memory() -> int:

@@ -231,7 +231,7 @@ class Tuner:
         problem, family, options = self.problem, self.family, self.options
         identify = getattr(self.backend_factory, "identity", None)
         if identify is None and self.backend_factory is GpuBackend:
-            from .gpu import device_identity as identify  # driver queries only: no CUDA context
+            from .gpu import identity_for_lookup as identify  # the driver and a record: no CuPy where it holds
         if identify is None or options.sampler == "exhaustive":
             return None
         device = identify()
