@@ -54,12 +54,12 @@ def winner_source_hash(family, winner: WinnerRecord) -> str | None:
     """The hash of the winner's params rendered by this autogen; None where they do not render
     (params outside the family's space: the dispatcher skips such a row anyway)."""
     from .errors import AutogenError
-    from .render import render, source_hash
+    from .source_memo import rendered_source_hash
     try:
         config = family.space.check(winner.trial.params)
         traits = tuple((t.name, dict(_dims(winner.trial.shape_key)).get(t.name, t.choices[0]))
                        for t in family.traits)
-        return source_hash(render(family, winner.trial.dtype, config, traits=traits))
+        return rendered_source_hash(family, winner.trial.dtype, config, traits)
     except (AutogenError, ValueError, KeyError):
         return None
 

@@ -146,7 +146,7 @@ class Family:
 
     def template_dirs(self) -> list[Path]:
         """Where this family's templates are looked up: beside its module, then autogen's."""
-        from .render import templates_dir
+        from .paths import templates_dir
         here = Path(sys.modules[self.module].__file__).resolve().parent
         return [here, templates_dir()] if here != templates_dir() else [here]
 

@@ -24,6 +24,19 @@ def kernel_cache_dir() -> Path:
     return Path(configured) if configured else cache_root() / "kernels"
 
 
+def templates_dir() -> Path:
+    """The folder holding the *.cu.j2 templates.
+
+    In an installed wheel they sit in autogen/templates (pyproject maps the top-level templates/
+    there); in a source checkout they sit beside the autogen package.
+    """
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"autogen templates not found next to {here}")
+
+
 def write_atomically(path: Path, data: bytes | str, mode: int = 0o644) -> Path:
     """Replace `path` with `data` in one step; the folder is created if missing."""
     path = Path(path)

@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from pathlib import Path
 
 import jinja2
 
+from .paths import templates_dir
 from .problem import Config
 
 PDL_SUFFIX = "_pdl"  # the kernel name of a variant rendered with pdl=True
-
-
-def templates_dir() -> Path:
-    """The folder holding the *.cu.j2 templates.
-
-    In an installed wheel they sit in autogen/templates (pyproject maps the top-level templates/
-    there); in a source checkout they sit beside the autogen package.
-    """
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "templates", here.parent / "templates"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(f"autogen templates not found next to {here}")
 
 
 class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
