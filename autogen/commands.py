@@ -32,7 +32,7 @@ def cmd_tune(args) -> int:
         _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
     from .distributed import parse_gpus, resolve_gpus, tune_problems
     gpus = parse_gpus(getattr(args, "gpus", None))
-    from .gpu import require_cupy
+    from .gpu import require_cupy, require_gpu
     from .tuner import TuneOptions, check_options
 
     options = TuneOptions(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed,
@@ -40,9 +40,10 @@ def cmd_tune(args) -> int:
                           eval_timeout_s=args.eval_timeout, refresh=getattr(args, "refresh", False),
                           lease_s=args.lease, **({"workers": args.workers} if args.workers else {}))
     check_options(options)
-    cupy = require_cupy()
     if gpus is not None:
-        options = replace(options, gpus=resolve_gpus(gpus, cupy.cuda.runtime.getDeviceCount()))
+        options = replace(options, gpus=resolve_gpus(gpus, require_cupy().cuda.runtime.getDeviceCount()))
+    else:
+        require_gpu()  # through the driver: a tune answered from the database imports no CuPy
 
     def show(result) -> None:  # each table as its problem finishes (several GPUs: in that order)
         if not args.json:

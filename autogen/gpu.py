@@ -28,6 +28,22 @@ def require_cupy():
     return cupy
 
 
+def require_gpu() -> None:
+    """require_cupy()'s check, without importing CuPy where the driver can answer: CuPy is
+    installed (found, not imported) and the driver reports a device. Otherwise, or in any doubt,
+    require_cupy() decides and names the problem in one line. `autogen tune` answered from the
+    database then needs no CuPy at all (see identity_for_lookup); a search's GPU worker imports it."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is not None:
+        try:
+            if driver_device_count() > 0:
+                return
+        except (OSError, RuntimeError):
+            pass
+    require_cupy()
+
+
 def _no_gpu_message(exc: BaseException) -> str:
     """Name the cause: without a GPU the CUDA runtime says "CUDA driver version is insufficient"
     (no libcuda at all) or "no CUDA-capable device", neither of which says what is missing."""
@@ -87,32 +103,46 @@ CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
 
+def _driver():
+    """libcuda (autogen.launch), initialised; RuntimeError where cuInit fails (no device)."""
+    from .launch import libcuda
+
+    lib = libcuda()
+    _check(lib.cuInit(0), "cuInit")
+    return lib
+
+
+def _check(code: int, what: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{what} failed with CUDA error {code}")
+
+
+def driver_device_count() -> int:
+    import ctypes
+
+    count = ctypes.c_int()
+    _check(_driver().cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    return count.value
+
+
 def driver_properties(ordinal: int) -> tuple[str, str, int, int, int]:
     """(name, compute capability, SM count, L2 bytes, driver version) of the device `ordinal`
     from the driver API alone: the values CuPy's runtime reports for them."""
     import ctypes
 
-    from .launch import libcuda
-
-    lib = libcuda()
+    lib = _driver()
     device = ctypes.c_int()
-
-    def check(code: int, what: str) -> None:
-        if code != 0:
-            raise RuntimeError(f"{what} failed with CUDA error {code}")
-
-    check(lib.cuInit(0), "cuInit")
-    check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
+    _check(lib.cuDeviceGet(ctypes.byref(device), ordinal), "cuDeviceGet")
     name = ctypes.create_string_buffer(256)
-    check(lib.cuDeviceGetName(name, len(name), device), "cuDeviceGetName")
+    _check(lib.cuDeviceGetName(name, len(name), device), "cuDeviceGetName")
 
     def attribute(code: int) -> int:
         value = ctypes.c_int()
-        check(lib.cuDeviceGetAttribute(ctypes.byref(value), code, device), "cuDeviceGetAttribute")
+        _check(lib.cuDeviceGetAttribute(ctypes.byref(value), code, device), "cuDeviceGetAttribute")
         return value.value
 
     version = ctypes.c_int()
-    check(lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+    _check(lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
     major = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
     minor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
     return (name.value.decode(), f"{major}.{minor}", attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),

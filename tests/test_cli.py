@@ -86,8 +86,10 @@ def test_help_needs_no_gpu():
     assert done.returncode == 0 and "tune" in done.stdout
 
 
-def test_list_show_and_db_upgrade_read_the_database(db_url, capsys):
+def test_list_show_and_db_upgrade_read_the_database(db_url, capsys, monkeypatch):
     import json
+
+    from autogen import commands
 
     from dbfixtures import A100, H100, store_winner
     from tuning_db import TuningDB
@@ -107,7 +109,9 @@ def test_list_show_and_db_upgrade_read_the_database(db_url, capsys):
     shipped = [r for r in listed if r["source"] == "shipped"]
     assert shipped and H100.name in {r["gpu"] for r in shipped}
     assert (H100.name, "m=16384,n=16") not in {(r["gpu"], r["shape"]) for r in shipped}
-    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url]) == 2  # two GPUs: ambiguous
+    # Two GPUs and none of them this machine's (on an H100 the local GPU would pick its own): ambiguous.
+    monkeypatch.setattr(commands, "_local_gpu_name", lambda: None)
+    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url]) == 2
     assert "pick one with --gpu" in capsys.readouterr().err
     assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url, "--gpu", H100.name, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)

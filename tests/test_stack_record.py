@@ -167,3 +167,39 @@ def test_where_the_driver_fails_cupy_names_the_problem(setting, monkeypatch):
     monkeypatch.setattr(gpu, "device_identity", cupy_says)
     with pytest.raises(gpu.GpuUnavailableError, match="no NVIDIA GPU"):
         gpu.identity_for_lookup()
+
+
+# -- autogen.gpu.require_gpu: the driver answers where it can, CuPy names any problem ----------
+
+
+@pytest.mark.parametrize("cupy_found, driver, asks_cupy", [
+    (True, lambda: 1, False),
+    (True, lambda: 0, True),
+    (True, "raises", True),
+    (False, lambda: 1, True),
+])
+def test_require_gpu_asks_cupy_only_in_doubt(monkeypatch, cupy_found, driver, asks_cupy):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (real_find_spec("json") if cupy_found else None) if name == "cupy"
+                        else real_find_spec(name, *a))
+
+    def no_driver():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(gpu, "driver_device_count", no_driver if driver == "raises" else driver)
+    asked = []
+
+    def cupy_says():
+        asked.append(True)
+        raise gpu.GpuUnavailableError("no NVIDIA GPU or driver found")
+
+    monkeypatch.setattr(gpu, "require_cupy", cupy_says)
+    if asks_cupy:
+        with pytest.raises(gpu.GpuUnavailableError, match="no NVIDIA GPU"):
+            gpu.require_gpu()
+    else:
+        gpu.require_gpu()
+    assert bool(asked) == asks_cupy
