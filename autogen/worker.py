@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import roofline
+from .errors import GpuUnavailableError
 from .family import get_family
 from .gpu import device_identity, free_device_memory, require_cupy
 from .measure import (EARLY_FACTOR, REPLAYS, build_timer, sample_until, time_enqueue, time_into, timing_sets,
@@ -357,7 +358,12 @@ class IsolatedEvaluator:
         waited for once."""
         if self._identity is None:
             began = time.monotonic()
-            self._identity = self._receive(STARTUP_TIMEOUT_S, "starting the GPU worker")
+            try:
+                self._identity = self._receive(STARTUP_TIMEOUT_S, "starting the GPU worker")
+            except WorkerError as exc:
+                # CuPy or the device failed in the worker (the parent checked the GPU through the
+                # driver only: autogen.gpu.require_gpu): one line, as require_cupy() says it.
+                raise GpuUnavailableError(f"the GPU worker could not start: {exc}") from None
             self._count("startup_wait", time.monotonic() - began)
             for name, seconds in (self._identity[2] if len(self._identity) > 2 else {}).items():
                 self.waited_s[name] = seconds
@@ -412,7 +418,7 @@ class IsolatedEvaluator:
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
         try:
             return self.request(Evaluate(kernel_name, cubin, params, best_us))
-        except (WorkerLost, WorkerError) as exc:
+        except (WorkerLost, WorkerError, GpuUnavailableError) as exc:  # the last: a restart that failed
             return Outcome(kernel_name, "failed", str(exc))
 
     def time_peer(self) -> tuple[str, tuple[float, ...]] | None:

@@ -7,6 +7,7 @@ import types
 import pytest
 
 from autogen.worker import IsolatedEvaluator
+from conftest import gpu_unavailable_reason
 
 
 def worker_with(process) -> IsolatedEvaluator:
@@ -31,3 +32,21 @@ def test_a_worker_that_already_exited_is_not_killed():
     evaluator = worker_with(process)
     evaluator.discard()
     assert evaluator._process is None
+
+
+@pytest.mark.skipif(gpu_unavailable_reason() is None, reason="this machine has a GPU: the worker starts")
+def test_a_worker_that_cannot_start_says_why_in_one_line():
+    # Without CuPy or a GPU the spawned worker's Evaluator fails; the parent raises the error the
+    # CLI prints in one line (an AutogenError), not the worker's internal WorkerError.
+    from autogen.errors import AutogenError, GpuUnavailableError
+    from autogen.family import get_family
+    from autogen.worker import WorkSpec
+
+    spec = WorkSpec.of(get_family("sgemv").problem(m=64, n=16), "cold")
+    evaluator = IsolatedEvaluator(spec)
+    try:
+        with pytest.raises(GpuUnavailableError, match="the GPU worker could not start: GpuUnavailableError") as caught:
+            evaluator.device
+        assert isinstance(caught.value, AutogenError) and "\n" not in str(caught.value)
+    finally:
+        evaluator.discard()
