@@ -33,9 +33,9 @@ def require_gpu() -> None:
     installed (found, not imported) and the driver reports a device. Otherwise, or in any doubt,
     require_cupy() decides and names the problem in one line. `autogen tune` answered from the
     database then needs no CuPy at all (see identity_for_lookup); a search's GPU worker imports it."""
-    import importlib.util
+    from .paths import installed_file
 
-    if importlib.util.find_spec("cupy") is not None:
+    if installed_file("cupy") is not None:
         try:
             if driver_device_count() > 0:
                 return

@@ -37,6 +37,30 @@ def templates_dir() -> Path:
     raise FileNotFoundError(f"autogen templates not found next to {here}")
 
 
+def installed_file(package: str) -> str | None:
+    """The file of an installed top-level package (its __init__.py), located without importing
+    it; None where it is not installed."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
+
+
+def file_state(path: str | None) -> list | None:
+    """Where `path` leads now and what is there (real path, inode, size, time): an install,
+    an upgrade or a re-pointed symlink changes it; None where nothing is."""
+    if not path:
+        return None
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return [os.path.realpath(path), found.st_ino, found.st_size, found.st_mtime_ns]
+
+
 def write_atomically(path: Path, data: bytes | str, mode: int = 0o644) -> Path:
     """Replace `path` with `data` in one step; the folder is created if missing."""
     path = Path(path)

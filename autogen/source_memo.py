@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
-from .paths import cache_root, write_atomically
+from .paths import cache_root, file_state, installed_file, write_atomically
 
 MEMO_VERSION = 1
 
@@ -59,7 +57,8 @@ def rendering_fingerprint(module: str, template_folders: tuple[str, ...]) -> str
     for folder in template_folders:
         files += sorted(Path(folder).rglob("*.j2"))
     states = tuple((str(path), found.st_size, found.st_mtime_ns) for path, found in ((p, p.stat()) for p in files))
-    return _contents_hash(states, _jinja2_state())
+    jinja2 = file_state(installed_file("jinja2"))  # located, not imported
+    return _contents_hash(states, tuple(jinja2) if jinja2 else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -68,15 +67,6 @@ def _contents_hash(states: tuple, jinja2_state: tuple | None) -> str:
     for path, _size, _time in states:
         digest.update(path.encode() + b"\0" + Path(path).read_bytes() + b"\0")
     return digest.hexdigest()
-
-
-def _jinja2_state() -> tuple | None:
-    # Located without importing it: the package file's path, size and time.
-    spec = importlib.util.find_spec("jinja2")
-    if spec is None or not spec.origin:
-        return None
-    found = os.stat(spec.origin)
-    return spec.origin, found.st_size, found.st_mtime_ns
 
 
 def _memo_path() -> Path:

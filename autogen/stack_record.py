@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
-from .paths import cache_root, write_atomically
+from .paths import cache_root, file_state, installed_file, write_atomically
 
 RECORD_VERSION = 1
 # Shared libraries whose versions the record stands for (matched on the file name).
@@ -49,10 +48,10 @@ def recall() -> tuple[int, str] | None:
     libraries = record.get("libraries")
     if not isinstance(libraries, dict) or not libraries:
         return None
-    current = {name: _file_state(name) for name in libraries}
+    current = {name: file_state(name) for name in libraries}
     if current != libraries or record.get("folders") != _folder_states(libraries):
         return None
-    if record.get("cupy") != _file_state(_cupy_origin()):
+    if record.get("cupy") != file_state(installed_file("cupy")):
         return None
     runtime, nvrtc = record.get("runtime_version"), record.get("nvrtc_version")
     if not isinstance(runtime, int) or not isinstance(nvrtc, str):
@@ -66,10 +65,10 @@ def remember(runtime_version: int, nvrtc_version: str) -> None:
     names = [name for name in _loaded_libraries() if Path(name).name.startswith(LIBRARY_PREFIXES)]
     if not any(Path(name).name.startswith("libnvrtc") for name in names):
         return
-    libraries = {name: _file_state(name) for name in sorted(set(names))}
+    libraries = {name: file_state(name) for name in sorted(set(names))}
     record = {"version": RECORD_VERSION, "runtime_version": int(runtime_version),
               "nvrtc_version": str(nvrtc_version), "libraries": libraries,
-              "folders": _folder_states(libraries), "cupy": _file_state(_cupy_origin())}
+              "folders": _folder_states(libraries), "cupy": file_state(installed_file("cupy"))}
     try:
         write_atomically(_record_path(), json.dumps(record, indent=1))
     except OSError:
@@ -83,17 +82,6 @@ def _record_path() -> Path:
     return cache_root() / "stack" / f"{digest}.json"
 
 
-def _file_state(path: str | None) -> list | None:
-    """Where `path` leads now and what is there; None where nothing is."""
-    if not path:
-        return None
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return [os.path.realpath(path), found.st_ino, found.st_size, found.st_mtime_ns]
-
-
 def _folder_states(libraries: dict) -> dict:
     folders = [entry for entry in sys.path if entry]
     for variable in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX"):
@@ -103,16 +91,7 @@ def _folder_states(libraries: dict) -> dict:
     for name in libraries:
         folders += [os.path.dirname(name), os.path.dirname(os.path.realpath(name))]
     folders.append(LINKER_CACHE)
-    return {folder: _file_state(folder) for folder in sorted(set(folders))}
-
-
-def _cupy_origin() -> str | None:
-    # find_spec of a top-level package locates it without importing it.
-    try:
-        spec = importlib.util.find_spec("cupy")
-    except (ImportError, ValueError):
-        return None
-    return spec.origin if spec is not None else None
+    return {folder: file_state(folder) for folder in sorted(set(folders))}
 
 
 class _PhdrInfo(ctypes.Structure):
