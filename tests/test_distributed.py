@@ -255,8 +255,11 @@ def test_gpus_of_one_process_split_the_problems_then_the_trials(db_url, monkeypa
 
 def test_small_budgets_get_no_helper_process(db_url):
     # 12 trials: a helper would start when the owner is about done (HELP_MIN_TRIALS_LEFT).
+    # 0.1 s a trial (1.2 s a problem): the GPU that finishes its first problem last finds the
+    # third still searching on the other GPU, and says it does not help, unless start-up skews
+    # the two GPUs by a whole problem. At 0.02 s a trial a loaded 2-core CI machine once did.
     problems = [SGEMV.problem(m=8192 + 64 * i, n=16) for i in range(3)]
-    results, made, lines = _multi(db_url, problems, trials=12)
+    results, made, lines = _multi(db_url, problems, trials=12, delay_s=0.1)
     for problem, result in zip(problems, results):
         consistent(db_url, 12, problem)
         assert result.measured + result.failed == 12 and len(result.gpus) == 1
