@@ -361,9 +361,19 @@ def test_migrations_from_empty_to_head(tmp_path: Path):
     assert migrations.VERSION_TABLE in tables and "alembic_version" not in tables
 
 
+def _migrated_by_the_scripts(path: Path) -> None:
+    """Head reached by running every migration script (a new database is created from the models)."""
+    engine = sa.create_engine(f"sqlite:///{path}")
+    try:
+        with engine.begin() as connection:
+            migrations.upgrade_to(connection)
+    finally:
+        engine.dispose()
+
+
 def test_models_match_the_head_migration(tmp_path: Path):
     path = tmp_path / "head.db"
-    upgrade(path)
+    _migrated_by_the_scripts(path)
     engine = sa.create_engine(f"sqlite:///{path}")
     try:
         with engine.connect() as connection:
@@ -380,6 +390,47 @@ def _sqlite_schema(path: Path) -> dict[str, str]:
     with sqlite3.connect(path) as connection:
         rows = connection.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL")
         return {name: " ".join(sql.split()) for name, sql in rows}
+
+
+def _table_parts(sql: str) -> tuple[str, list[str], frozenset[str]]:
+    """A CREATE TABLE's name, its column definitions in order, and its constraints (any order)."""
+    head, _, body = sql.partition("(")
+    parts, depth, current = [], 0, ""
+    for char in body.rsplit(")", 1)[0]:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    parts.append(current.strip())
+    constraints = frozenset(part for part in parts if part.startswith("CONSTRAINT"))
+    return head.replace('"', "").strip(), [part for part in parts if part not in constraints], constraints
+
+
+def test_a_new_database_is_created_as_the_scripts_migrate_one(tmp_path: Path):
+    # A new database is created from the models and stamped at head (no Alembic import, no run of
+    # every script); it must be the same database the scripts make: same columns in the same
+    # order, same named constraints (later batch migrations find them by name), same stamp.
+    created, migrated = tmp_path / "created.db", tmp_path / "migrated.db"
+    code = ("import sys; from tuning_db import TuningDB; TuningDB(sys.argv[1]).close(); "
+            "assert not any(m == 'alembic' or m.startswith('alembic.') for m in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, f"sqlite:///{created}"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    _migrated_by_the_scripts(migrated)
+    made, expected = _sqlite_schema(created), _sqlite_schema(migrated)
+    assert made.keys() == expected.keys()
+    for name in expected:
+        assert _table_parts(made[name]) == _table_parts(expected[name]), name
+    engine = sa.create_engine(f"sqlite:///{created}")
+    try:
+        with engine.connect() as connection:
+            assert MigrationContext.configure(
+                connection, opts={"version_table": migrations.VERSION_TABLE}).get_current_revision() \
+                == migrations.head_revision()
+    finally:
+        engine.dispose()
 
 
 def test_rev0001_asset_is_what_migration_0001_creates(tmp_path: Path):
