@@ -36,7 +36,7 @@ from tuning_db import (
 )
 from tuning_db import migrations
 from tuning_db.models import Base, TrialRow
-from tuning_db.engine import transaction, upsert_statement
+from tuning_db.engine import transaction, upsert_template
 from tuning_db.repository import TRIAL_KEY
 
 ASSET_0001 = Path(__file__).parent / "assets" / "tuning_db_rev0001.sql"
@@ -291,13 +291,13 @@ def test_unreachable_server_error_names_the_url_without_password():
 
 def test_postgresql_upsert_is_on_conflict_do_update():
     values = {name: 1 for name in TRIAL_KEY} | {"time_us": 2.0, "status": "ok"}
-    sql = str(upsert_statement("postgresql", TrialRow, values, TRIAL_KEY).compile(
+    sql = str(upsert_template("postgresql", TrialRow, tuple(values), TRIAL_KEY).compile(
         dialect=postgresql.dialect()))
     assert "ON CONFLICT (gpu_id, family, dtype, shape_key, kernel_name, cache_mode)" in sql
     assert "DO UPDATE SET status = excluded.status, time_us = excluded.time_us RETURNING" in sql
     assert "RETURNING autogen_trials.id" in sql
     with pytest.raises(NotImplementedError, match="mysql"):
-        upsert_statement("mysql", TrialRow, values, TRIAL_KEY)
+        upsert_template("mysql", TrialRow, tuple(values), TRIAL_KEY)
 
 
 def test_default_url_and_bare_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

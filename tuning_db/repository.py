@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import bindparam, delete, func, insert, select, text, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
@@ -48,7 +48,7 @@ from tuning_db.engine import (
     _sqlite_file,
     transaction,
     UPGRADE_HINT,
-    upsert_statement,
+    upsert_template,
 )
 from tuning_db.rows import (
     CACHE_MODES,
@@ -241,13 +241,13 @@ class TuningDB:
     def delete_trials(self, device: DeviceIdentity, family: str, dtype: str, shape_key: str) -> int:
         """Forget one problem's trials and winners (a forced re-tune); returns the trials deleted."""
         with self._write() as session:
-            gpu = _lock_gpu(session, device)
-            if gpu is None:
+            gpu_id = _lock_gpu(session, device)
+            if gpu_id is None:
                 return 0
             deleted = 0
             for model in (ClaimRow, WinnerRow, TrialRow):  # the winner first: it references a trial
                 statement = delete(model).where(
-                    model.gpu_id == gpu.id,
+                    model.gpu_id == gpu_id,
                     model.family == family,
                     model.dtype == dtype,
                     model.shape_key == shape_key,
@@ -288,7 +288,7 @@ class TuningDB:
         the better winner. ValueError when the trial is not stored, or not ok, or malformed.
         """
         with self._write() as session:
-            gpu = _lock_gpu(session, device)  # a failed re-measurement now waits for us
+            gpu_id = _lock_gpu(session, device)  # a failed re-measurement now waits for us
             schema = _HEAD
             query = (
                 select(*_trial_columns(schema), GpuRow.name.label("g_name"))
@@ -298,7 +298,7 @@ class TuningDB:
                        TrialRow.cache_mode == trial.cache_mode)
             )
             found = session.execute(query).one_or_none()
-            if found is None or gpu is None:
+            if found is None or gpu_id is None:
                 raise ValueError(f"{_describe(device, trial)} is not stored; record it first")
             status = found._mapping["t_status"]
             if status != "ok":
@@ -313,7 +313,7 @@ class TuningDB:
 
             current = session.execute(
                 _winners_query(schema).where(
-                    WinnerRow.gpu_id == gpu.id,
+                    WinnerRow.gpu_id == gpu_id,
                     WinnerRow.family == candidate.family,
                     WinnerRow.dtype == candidate.dtype,
                     WinnerRow.shape_key == candidate.shape_key,
@@ -334,7 +334,7 @@ class TuningDB:
                         return stored
 
             values = {
-                "gpu_id": gpu.id,
+                "gpu_id": gpu_id,
                 "family": candidate.family,
                 "dtype": candidate.dtype,
                 "shape_key": candidate.shape_key,
@@ -439,47 +439,31 @@ class TuningDB:
         are reached. A lapsed lease is taken over (pass no budget: it holds its place already). Decided under the write lock (SQLite: BEGIN
         IMMEDIATE; PostgreSQL: the GPU row FOR UPDATE), so concurrent workers never both win,
         and the budget is exact across them."""
-        problem = (trial.family, trial.dtype, trial.shape_key, trial.cache_mode)
         with self._write() as session:
+            connection = session.connection()
             gpu_id = self._locked_gpu_id(session, device)
+            problem = _problem_params(gpu_id, trial)
             now = _db_epoch(session)
-            row = session.scalars(_claims_of(gpu_id, *problem).where(ClaimRow.variant == variant)).one_or_none()
+            row = connection.execute(_CLAIM_OF_VARIANT, {**problem, "variant": variant}).one_or_none()
             if row is not None and row.state == "done":
                 return Claim("done", row.kernel_name)
             if row is not None and row.expires_at > now and row.owner != owner:
                 return Claim("taken", row.kernel_name)
-            stored = session.scalars(
-                select(TrialRow.kernel_name).where(*_problem_of(TrialRow, gpu_id, *problem),
-                                                   TrialRow.kernel_name == trial.kernel_name,
-                                                   TrialRow.status != "rejected")).first()
+            stored = connection.execute(_STORED_KERNEL, {**problem, "kernel_name": trial.kernel_name}).scalar()
             if stored is not None:  # measured before claims existed, or without one
                 return Claim("done", stored)
-            if budget is not None and self._launched(session, gpu_id, problem) >= budget:
+            # Stored trials (not rejected) and running claims, lapsed ones included: a dead
+            # worker's variant keeps its place in the budget until a live worker takes it over.
+            if budget is not None and connection.execute(_LAUNCHED, problem).scalar_one() >= budget:
                 return Claim("budget")
             values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
                           owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
             if row is None:
-                session.add(ClaimRow(gpu_id=gpu_id, family=trial.family, dtype=trial.dtype,
-                                     shape_key=trial.shape_key, cache_mode=trial.cache_mode,
-                                     variant=variant, attempts=1, created_at=values["updated_at"],
-                                     **values))
+                connection.execute(insert(ClaimRow), {**_problem_values(gpu_id, trial), "variant": variant,
+                                                      "attempts": 1, "created_at": values["updated_at"], **values})
                 return Claim("claimed", trial.kernel_name)
-            previous = row.owner
-            for name, value in values.items():
-                setattr(row, name, value)
-            row.attempts += 1
-            return Claim("claimed", trial.kernel_name, taken_over=previous != owner, previous=previous)
-
-    @staticmethod
-    def _launched(session: Session, gpu_id: int, problem: tuple) -> int:
-        """Trials of the problem that count against its budget: stored ones (not rejected) and
-        running claims, lapsed ones included: a dead worker's variant keeps its place in the
-        budget until a live worker takes it over and measures it."""
-        stored = session.scalar(select(func.count()).select_from(TrialRow).where(
-            *_problem_of(TrialRow, gpu_id, *problem), TrialRow.status != "rejected"))
-        running = session.scalar(select(func.count()).select_from(ClaimRow).where(
-            *_problem_of(ClaimRow, gpu_id, *problem), ClaimRow.state == "running"))
-        return stored + running
+            connection.execute(_UPDATE_CLAIM, {"claim_id": row.id, "attempts": row.attempts + 1, **values})
+            return Claim("claimed", trial.kernel_name, taken_over=row.owner != owner, previous=row.owner)
 
     def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
         """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
@@ -488,16 +472,15 @@ class TuningDB:
         _check_choice("status", trial.status, TRIAL_STATUSES)
         values = TrialRow.values_of(device, trial)
         with self._write() as session:
+            connection = session.connection()
             gpu_id = self._locked_gpu_id(session, device)
             values.update(gpu_id=gpu_id, created_at=_now())
-            trial_id = self._upsert(session, TrialRow, values, TRIAL_KEY)
+            stored = self._upsert(session, TrialRow, values, TRIAL_KEY, returning=_TRIAL_COLUMNS)
             if trial.status != "ok":
-                session.execute(delete(WinnerRow).where(WinnerRow.trial_id == trial_id))
-            row = session.scalars(_claims_of(gpu_id, trial.family, trial.dtype, trial.shape_key,
-                                             trial.cache_mode).where(ClaimRow.variant == variant)).one_or_none()
-            if row is not None:
-                row.state, row.kernel_name, row.updated_at = "done", trial.kernel_name, _now()
-            return session.get_one(TrialRow, trial_id).to_record()
+                connection.execute(_DELETE_WINNER_OF_TRIAL, {"trial_id": stored.id})
+            connection.execute(_CLAIM_DONE, {**_problem_params(gpu_id, trial), "where_variant": variant,
+                                             "kernel_name": trial.kernel_name, "updated_at": _now()})
+            return _trial_record(stored._mapping, "")
 
     def release_claims(self, owner: str) -> int:
         """Give back every running claim of ``owner`` (an interrupted worker), so others need
@@ -620,39 +603,39 @@ class TuningDB:
             raise DatabaseError(f"{display_url(self._url)} was opened read-only", self._url)
         return transaction(self._writer, self._url)
 
-    def _upsert(
-        self, session: Session, model: type[Base], values: Mapping[str, Any], key: tuple[str, ...]
-    ) -> int:
-        """Insert or update the row with ``key``; returns its id."""
+    def _upsert(self, session: Session, model: type[Base], values: Mapping[str, Any], key: tuple[str, ...],
+                returning: tuple[str, ...] = ("id",)):
+        """Insert or update the row with ``key``; returns its id (or, given ``returning``
+        columns, the row of them)."""
         try:
-            statement = upsert_statement(session.get_bind().dialect.name, model, values, key)
+            statement = upsert_template(session.get_bind().dialect.name, model, tuple(values), key, returning)
         except NotImplementedError as exc:
             raise DatabaseError(f"{display_url(self._url)}: {exc}", self._url) from exc
-        return session.execute(statement).scalar_one()
+        result = session.connection().execute(statement, dict(values))
+        return result.scalar_one() if returning == ("id",) else result.one()
 
     def _locked_gpu_id(self, session: Session, device: DeviceIdentity) -> int:
         """The GPU row's id, locked (see _lock_gpu); inserted first where missing. Claims are
         frequent: the row is looked up before an upsert is built."""
-        gpu = _lock_gpu(session, device)
-        if gpu is None:
+        gpu_id = _lock_gpu(session, device)
+        if gpu_id is None:
             self._upsert_gpu(session, device)
-            gpu = _lock_gpu(session, device)
-        return gpu.id
+            gpu_id = _lock_gpu(session, device)
+        return gpu_id
 
     def _upsert_gpu(self, session: Session, device: DeviceIdentity) -> int:
         return self._upsert(session, GpuRow, GpuRow.values_of(device), GPU_KEY)
 
 
-def _lock_gpu(session: Session, device: DeviceIdentity) -> GpuRow | None:
-    """Lock the device's GPU row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serializes).
+def _lock_gpu(session: Session, device: DeviceIdentity) -> int | None:
+    """Lock the device's GPU row (PostgreSQL; SQLite's BEGIN IMMEDIATE already serializes) and
+    return its id; None where there is no such row.
 
     Every write transaction locks its GPU row first (the upserts of record_* do it too), so
     writers of one GPU queue up there and can never deadlock on the rows behind it.
     """
-    query = select(GpuRow).where(
-        GpuRow.name == device.name, GpuRow.compute_capability == device.compute_capability
-    )
-    return session.scalars(query.with_for_update()).one_or_none()
+    found = session.connection().execute(_LOCK_GPU, {"name": device.name, "cc": device.compute_capability})
+    return found.scalar_one_or_none()
 
 
 def _same_problem(model, device: DeviceIdentity, family: str, dtype: str, shape_key: str):
@@ -666,21 +649,64 @@ def _same_problem(model, device: DeviceIdentity, family: str, dtype: str, shape_
     )
 
 
-def _problem_of(model, gpu_id: int, family: str, dtype: str, shape_key: str, cache_mode: str):
-    return (model.gpu_id == gpu_id, model.family == family, model.dtype == dtype,
-            model.shape_key == shape_key, model.cache_mode == cache_mode)
+# -- the statements of every measured variant, built once ----------------------------------------
+#
+# A variant's claim and its completion are about ten statements in two transactions. Built per
+# call, through the ORM, they took 13 ms per variant on a laptop CPU, most of it SQLAlchemy
+# building statements and their cache keys (0.8 s of a 60-trial cold `autogen tune` on the H100
+# host, on the thread that asks, claims and stores). Built once, with bound parameters, and run
+# on the session's connection, each costs a third of that.
 
 
-def _claims_of(gpu_id: int, family: str, dtype: str, shape_key: str, cache_mode: str):
-    return select(ClaimRow).where(*_problem_of(ClaimRow, gpu_id, family, dtype, shape_key, cache_mode))
+PROBLEM_COLUMNS = ("gpu_id", "family", "dtype", "shape_key", "cache_mode")
+
+
+def _where_problem(model) -> tuple:
+    """One problem of ``model`` on one GPU row, bound as ``where_<column>`` (_problem_params): an
+    UPDATE takes the bound names of its columns for its SET clause."""
+    return tuple(getattr(model, name) == bindparam(f"where_{name}") for name in PROBLEM_COLUMNS)
+
+
+def _problem_values(gpu_id: int, trial: TrialRecord) -> dict[str, Any]:
+    """The problem columns of ``trial``'s rows on the GPU row ``gpu_id``."""
+    return {"gpu_id": gpu_id, "family": trial.family, "dtype": trial.dtype, "shape_key": trial.shape_key,
+            "cache_mode": trial.cache_mode}
+
+
+def _problem_params(gpu_id: int, trial: TrialRecord) -> dict[str, Any]:
+    """_where_problem's parameters for ``trial``'s problem."""
+    return {f"where_{name}": value for name, value in _problem_values(gpu_id, trial).items()}
+
+
+_LOCK_GPU = (select(GpuRow.id)
+             .where(GpuRow.name == bindparam("name"), GpuRow.compute_capability == bindparam("cc"))
+             .with_for_update())
+_CLAIM_OF_VARIANT = select(ClaimRow.__table__).where(*_where_problem(ClaimRow), ClaimRow.variant == bindparam("variant"))
+_STORED_KERNEL = (select(TrialRow.kernel_name)
+                  .where(*_where_problem(TrialRow), TrialRow.kernel_name == bindparam("kernel_name"),
+                         TrialRow.status != "rejected")
+                  .limit(1))
+_LAUNCHED = select(
+    select(func.count()).select_from(TrialRow)
+    .where(*_where_problem(TrialRow), TrialRow.status != "rejected").scalar_subquery()
+    + select(func.count()).select_from(ClaimRow)
+    .where(*_where_problem(ClaimRow), ClaimRow.state == "running").scalar_subquery())
+# Executed with the new values by column name (kernel_name, params, owner, ...): the SET clause.
+_UPDATE_CLAIM = update(ClaimRow.__table__).where(ClaimRow.id == bindparam("claim_id"))
+_CLAIM_DONE = (update(ClaimRow.__table__)
+               .where(*_where_problem(ClaimRow), ClaimRow.variant == bindparam("where_variant"))
+               .values(state="done"))
+_DELETE_WINNER_OF_TRIAL = delete(WinnerRow.__table__).where(WinnerRow.trial_id == bindparam("trial_id"))
+_TRIAL_COLUMNS = tuple(column.name for column in TrialRow.__table__.columns)
+_EPOCH = {"postgresql": text("SELECT extract(epoch from clock_timestamp())"),
+          "sqlite": text("SELECT (julianday('now') - 2440587.5) * 86400.0")}
 
 
 def _db_epoch(session: Session) -> float:
     """Seconds since the epoch on the database's clock: leases written by workers on several
     machines are compared on one clock."""
-    if session.get_bind().dialect.name == "postgresql":
-        return float(session.execute(text("SELECT extract(epoch from clock_timestamp())")).scalar_one())
-    return float(session.execute(text("SELECT (julianday('now') - 2440587.5) * 86400.0")).scalar_one())
+    connection = session.connection()
+    return float(connection.execute(_EPOCH[connection.dialect.name]).scalar_one())
 
 
 def _rows_of(model, device: DeviceIdentity, family: str, dtype: str, shape_key: str):
