@@ -626,7 +626,8 @@ def random_uniform(xp, rng, shape, dtype) -> Any:
     """Uniform in [-0.5, 0.5): never zeros, so unwritten outputs and bad indexing show. `dtype`
     is an autogen dtype name ("bfloat16" gives bit patterns) or a NumPy/CuPy dtype."""
     from .dtypes import to_storage
-    values = rng.random(shape, dtype=xp.float32) - xp.float32(0.5)
+    values = rng.random(shape, dtype=xp.float32)
+    values -= xp.float32(0.5)  # in place: no second array
     if isinstance(dtype, str) and dtype in DTYPES:
         return to_storage(xp, values, dtype)
     return values.astype(dtype, copy=False)
