@@ -187,10 +187,10 @@ class SearchLoop:
         # Seeds are tried even where the shape would prune them: the default is the baseline.
         self.seed_keys = {_key(p) for p in self.start.seeds}
         self.dists = dists = distributions(space)
-        with self._timed("study_open"):  # Optuna's storage: opened on a thread since Tuner.begin
+        with self._timed("study_open"):  # the shared study opens on its writer thread meanwhile
             study = self.study = self.open_study()
             study.add_known(self.start.measured, dists)
-            study.refresh()
+            study.refresh(wait=False)
         self.local = study.local
         self.judged_points: dict[tuple, tuple[Config, str] | None] = {}  # see _judged
         if isinstance(self.local.sampler, FixedSpaceTPESampler):
@@ -234,7 +234,7 @@ class SearchLoop:
                         last_check = time.monotonic()
                         for entry in self._take_over_lapsed():
                             submit(entry)
-                    study.refresh(min_interval_s=REFRESH_S)
+                    study.refresh(min_interval_s=REFRESH_S, wait=False)
                     can_ask = len(pending) < depth and may_ask()
                     # Results are stored and told only once asking is done for now (not as soon
                     # as the GPU is done), oldest first: the order of asks and tells, hence a
@@ -266,6 +266,7 @@ class SearchLoop:
                 gpu.shutdown(wait=True, cancel_futures=True)
                 with self._timed("study_close"):
                     study.close()
+        study.wait_open()  # a search that ended before a refresh saw the study fail to open fails too
         if options.sampler == "exhaustive" and self._unmeasured(exhaustive):
             self.progress("note: the trial budget ended the exhaustive search early (raise --trials)")
 

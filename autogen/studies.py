@@ -183,6 +183,9 @@ def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, 
             raise ValueError("add_trials writes no system attributes or intermediate values")
     with _create_scoped_session(rdb.scoped_session) as session:
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        templates = _new_kernels(session, study_id, templates)
+        if not templates:
+            return
         if check_params:
             names = sorted({name for t in templates for name in t.params})
             stored = session.execute(
@@ -221,6 +224,25 @@ def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, 
                 session.execute(insert(model.__table__), batch)
 
 
+def _new_kernels(session, study_id: int, templates: list) -> list:
+    """The templates whose variant (user attribute "kernel") the study does not hold yet. Two
+    workers may add one variant: its measurer, whose write waits for its batch, and a worker that
+    started meanwhile and found it in autogen's tables (SharedStudy.add_known). Read under the
+    study's lock, so whichever comes second adds nothing."""
+    from optuna.storages._rdb import models
+    from sqlalchemy import select
+
+    names = {json.dumps(t.user_attrs["kernel"]) for t in templates if "kernel" in t.user_attrs}
+    if not names:
+        return templates
+    held = set(session.scalars(
+        select(models.TrialUserAttributeModel.value_json)
+        .join(models.TrialModel, models.TrialUserAttributeModel.trial_id == models.TrialModel.trial_id)
+        .where(models.TrialModel.study_id == study_id, models.TrialUserAttributeModel.key == "kernel",
+               models.TrialUserAttributeModel.value_json.in_(names))))
+    return [t for t in templates if "kernel" not in t.user_attrs or json.dumps(t.user_attrs["kernel"]) not in held]
+
+
 class SharedStudy:
     """A worker's view of a shared study: its sampler runs on a local in-memory mirror.
 
@@ -230,7 +252,13 @@ class SharedStudy:
     variant this worker measures is added to the shared study as a finished trial, from a
     background thread, off the GPU's critical path. ``refresh`` pulls into the mirror the other
     workers' finished trials and, from autogen's claims, the variants they are measuring now
-    (RUNNING, which TPE's constant liar counts), so every sampler sees every trial."""
+    (RUNNING, which TPE's constant liar counts), so every sampler sees every trial.
+
+    The shared study itself is opened on that thread too: Optuna's storage on a new database
+    (its tables, its Alembic stamp) took 0.35-0.45 s on the H200 host, while the GPU waited for
+    the search's first variant. The mirror needs none of it to start: what this problem's
+    earlier runs measured comes from autogen's tables (add_known), and the other workers'
+    trials arrive with the first refresh after the opening."""
 
     def __init__(self, db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, attrs: dict,
                  dists: dict, owner: str, problem_key: tuple, complete: Callable[[dict], dict] = dict):
@@ -240,12 +268,14 @@ class SharedStudy:
         # trials holding every parameter of its space) still learns from it.
         self.complete = complete
         self.problem_key = problem_key  # (device, family, dtype, shape key, cache mode): its claims
-        self.shared = open_study(db, name, sampler=optuna.samplers.RandomSampler(), attrs=attrs)
         self.local = optuna.create_study(direction="minimize", sampler=sampler)
         self._mirrored: set[int] = set()  # shared trial ids in the mirror
+        self._known: set[str] = set()  # kernels in the mirror: from autogen's tables, or measured here
         self._running: dict[str, int] = {}  # others' claimed variants -> their RUNNING local trial
         self._last_refresh = -math.inf
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-study")
+        # The writer's first task: every later one (writes, add_known's, add_missing's) finds it done.
+        self._opened = self._writer.submit(open_study, db, name, optuna.samplers.RandomSampler(), attrs)
         self._writes: list[concurrent.futures.Future] = []
         # Measured variants waiting for the writer, written together (see record).
         self._queue: list[optuna.trial.FrozenTrial] = []
@@ -254,20 +284,38 @@ class SharedStudy:
         self._last_flush = -math.inf
         self._checked_params = False  # the stored distributions of the params were compared once
 
-    def refresh(self, min_interval_s: float = 0.0) -> None:
+    @property
+    def shared(self) -> optuna.Study:
+        """The shared study, once open (waits for it; raises what opening it raised)."""
+        return self._opened.result()
+
+    def refresh(self, min_interval_s: float = 0.0, wait: bool = True) -> None:
+        """Mirror the other workers' finished trials and running claims. ``wait``: for the shared
+        study to be open (else its trials wait for a later refresh; a failure to open it is
+        raised as soon as it is known either way)."""
         now = time.monotonic()
         if now - self._last_refresh < min_interval_s:
             return
         self._last_refresh = now
+        if wait or self._opened.done():
+            self._mirror_finished()
+        self._mirror_running()
+
+    def _mirror_finished(self) -> None:
         storage_, study_id = self.local._storage, self.local._study_id
         for trial in self.shared.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             if trial._trial_id in self._mirrored or trial.user_attrs.get("worker") == self.owner:
                 continue
             self._mirrored.add(trial._trial_id)
+            if trial.user_attrs.get("kernel") in self._known:
+                continue  # in the mirror already (from autogen's tables, or measured here)
             params = self.complete(trial.params)
             dists = {name: trial.distributions.get(name) or self.dists[name] for name in params}
             storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
                 params=params, distributions=dists, value=trial.value))
+
+    def _mirror_running(self) -> None:
+        storage_, study_id = self.local._storage, self.local._study_id
         live = {c.variant: c for c in self.db.claims(*self.problem_key, running=True)
                 if c.owner != self.owner and c.expires_in_s > 0}
         for variant, local in list(self._running.items()):
@@ -295,6 +343,8 @@ class SharedStudy:
         autogen's tables, not the study, hold the measurements."""
         template = optuna.trial.create_trial(params=params, distributions=dists, value=value,
                                              user_attrs={**user_attrs, "worker": self.owner})
+        if "kernel" in user_attrs:
+            self._known.add(user_attrs["kernel"])
         with self._queue_lock:
             self._queue.append(template)
             if len(self._queue) > 1:
@@ -322,6 +372,10 @@ class SharedStudy:
         add_trials(backend, self.shared._study_id, templates, check_params=not self._checked_params)
         self._checked_params = True
 
+    def wait_open(self) -> None:
+        """Wait for the shared study to be open; raise what opening it raised."""
+        self._opened.result()
+
     def close(self) -> int:
         """Wait for the background writes; returns how many trials could not be written (each
         failure is logged)."""
@@ -348,16 +402,24 @@ class SharedStudy:
                 self._add_trials(missing)
         self._writes.append(self._writer.submit(add))
 
-    def add_known(self, measured: dict[str, tuple[dict, float]], dists: dict) -> int:
-        """Tell the shared study the variants the database holds that it does not know yet
-        (measured before studies were shared, or by an older autogen); returns how many."""
-        have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
-        missing = [optuna.trial.create_trial(params=params, distributions=dists, value=value,
-                                             user_attrs={"kernel": name})
-                   for name, (params, value) in measured.items() if name not in have]
-        if missing:
-            self._add_trials(missing)
-        return len(missing)
+    def add_known(self, measured: dict[str, tuple[dict, float]], dists: dict) -> None:
+        """Mirror what autogen's tables hold of this problem (kernel -> (params, value), every
+        run's and worker's), and tell the shared study, in the background, those it does not know
+        yet (measured before studies were shared, or by an older autogen)."""
+        storage_, study_id = self.local._storage, self.local._study_id
+        for name, (params, value) in measured.items():
+            storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+                params=params, distributions=dists, value=value))
+            self._known.add(name)
+
+        def add() -> None:
+            have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
+            missing = [optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                                 user_attrs={"kernel": name})
+                       for name, (params, value) in measured.items() if name not in have]
+            if missing:
+                self._add_trials(missing)
+        self._writes.append(self._writer.submit(add))
 
 
 class Heartbeat:

@@ -489,6 +489,7 @@ def test_a_worker_s_trials_reach_the_shared_study_in_batches(db_url):
     db = TuningDB(db_url)
     shared = studies.SharedStudy(db, "batches", make_sampler("tpe", 0, dists), {}, dists, "me",
                                  (DEVICE, "sgemv", "float32", PROBLEM.shape_key, "cold"))
+    shared.wait_open()  # opened on the writer thread; its statements are not the writes'
     seen, stop = _statements(studies.storage(db_url).engine)
     configs = [c.as_dict() for c in list(SGEMV.space.enumerate())[:6]]
     for i, params in enumerate(configs):
