@@ -165,6 +165,9 @@ class GraphTimer:
         self._cupy = cupy
         self.launches = launches
         self.repeats = 1
+        # What the caller queued on its stream (inputs being generated, outputs being poisoned)
+        # comes first: the graph replays on a non-blocking stream that would not wait for it.
+        queued = cupy.cuda.get_current_stream().record()
         self.stream = cupy.cuda.Stream(non_blocking=True)
         with self.stream:
             self.stream.begin_capture()
@@ -173,6 +176,7 @@ class GraphTimer:
                     enqueue(i % n_sets)
             finally:
                 self.graph = self.stream.end_capture()
+        self.stream.wait_event(queued)
         self.graph.launch(self.stream)  # warm replay: uploads the graph, touches every set
         self.stream.synchronize()
         self._start = cupy.cuda.Event()
