@@ -1,6 +1,6 @@
 """The seam between the tuning loop and the machine: compile ahead, evaluate on the GPU.
 
-GpuBackend is the real one: NVRTC compiles in a pool of worker processes (one per core) while
+GpuBackend is the real one: NVRTC compiles in a pool of worker processes (default_workers) while
 an isolated child process validates and times earlier variants on the GPU. Tests of search and
 storage swap in autogen.testing.replay.ReplayBackend, which replays timings recorded on a GPU.
 
@@ -37,8 +37,8 @@ def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     return pool
 
 
-# How much lower the compile processes' CPU priority is than the tuner's (os.nice): with one
-# compile process per core, the GPU worker (validation and timing: Python, CUDA synchronisations)
+# How much lower the compile processes' CPU priority is than the tuner's (os.nice): with many
+# compile processes busy, the GPU worker (validation and timing: Python, CUDA synchronisations)
 # and the search otherwise wait for time slices behind NVRTC.
 COMPILE_NICENESS = 10
 
@@ -58,7 +58,7 @@ def _compile_worker_start(parent_pid: int) -> None:
 
 
 def _new_pool_soon(workers: int) -> concurrent.futures.Future:
-    """_new_pool on a helper thread: spawning one process per core takes the spawning thread
+    """_new_pool on a helper thread: spawning a compile process takes the spawning thread
     ~10 ms each, while the caller goes on (the first compile waits for the pool)."""
     starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-pool")
     future = starter.submit(_new_pool, workers)

@@ -66,7 +66,7 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     tune.add_argument("--seed", type=int, default=0, help="sampler seed, 0 to 2^32-1 (default 0)")
     tune.add_argument("--cache", default="cold", choices=["cold", "hot"],
                       help="cold: rotate input sets larger than 4x L2 (default); hot: one set")
-    tune.add_argument("--workers", type=int, help="compile processes (default: one per core)")
+    tune.add_argument("--workers", type=int, help="compile processes (default: half the cores, at most 8)")
     tune.add_argument("--no-warm-start", action="store_true", help="do not seed from nearby tuned shapes")
     tune.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
     tune.add_argument("--refresh", action="store_true",

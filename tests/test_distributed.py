@@ -566,7 +566,7 @@ def test_compile_workers_leave_without_finalising_the_interpreter(tmp_path):
 
 
 def test_compile_workers_run_at_a_lower_priority_than_the_tuner():
-    # One compile process per core: the GPU worker and the search must not wait behind them.
+    # Busy compile processes: the GPU worker and the search must not wait behind them.
     from autogen.backend import COMPILE_NICENESS, _new_pool
 
     pool = _new_pool(1)

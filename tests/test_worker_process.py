@@ -50,3 +50,11 @@ def test_a_worker_that_cannot_start_says_why_in_one_line():
         assert isinstance(caught.value, AutogenError) and "\n" not in str(caught.value)
     finally:
         evaluator.discard()
+
+
+@pytest.mark.parametrize("cores, workers", [(None, 1), (1, 1), (2, 1), (4, 2), (16, 8), (128, 8)])
+def test_default_compile_processes_leave_half_the_cores_to_the_search(monkeypatch, cores, workers):
+    from autogen import worker
+
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: cores)
+    assert worker.default_workers() == workers
