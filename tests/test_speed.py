@@ -120,11 +120,14 @@ def test_a_stale_winner_is_refreshed_then_answered(db_url, recording):
 
 
 def test_list_marks_stale_winners(db_url, capsys, monkeypatch):
-    from autogen import pretuned
+    from autogen import gpu, pretuned
     from autogen.cli import main
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()
+    # The local GPU is the winners' own, in the environment they were measured in (on a real H100
+    # the running CUDA runtime would differ from the fixture's and mark them stale too).
+    monkeypatch.setattr(gpu, "device_identity", lambda: H100)
     db = TuningDB(db_url)
     store_winner(db, H100, 4096, 16)
     old = store_winner(db, H100, 1024, 16)
