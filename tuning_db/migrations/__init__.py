@@ -112,7 +112,7 @@ def upgrade_database(connection: Connection, adopt: bool = False) -> str:
         return revision  # nothing to migrate
     if revision is None:  # no autogen table yet (check_ownership): a new database
         return create_head(connection)
-    if revision is not None and revision not in known_revisions():
+    if revision not in known_revisions():
         raise NewerSchemaError(
             f"its schema revision {revision} is unknown to this autogen (whose newest is "
             f"{head_revision()}): a newer autogen wrote it"
@@ -136,8 +136,9 @@ def create_head(connection: Connection) -> str:
     """Create the head schema in a database without autogen tables, from the models, and stamp
     it at head: what Alembic's recipe for a new database does (create_all, then `stamp head`),
     without importing Alembic and running every migration script in turn (0.43 s of a cold
-    `autogen tune` on a laptop CPU, against 0.07 s). The models name every constraint as the
-    migrations do (tests compare the two schemas), so later migrations find them."""
+    `autogen tune` on the development machine, against 0.07 s). The models name every
+    constraint as the migrations do (tests compare the two schemas), so later migrations find
+    them."""
     Base.metadata.create_all(connection)
     _VERSION.create(connection)
     connection.execute(_VERSION.insert().values(version_num=HEAD_REVISION))
