@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +54,10 @@ def _isolated_caches(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("AUTOGEN_DB", f"sqlite:///{tmp_path_factory.mktemp('db') / 'default.db'}")
     monkeypatch.setenv("AUTOGEN_CACHE_DIR", str(tmp_path_factory.mktemp("kernels")))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+def checkout_env() -> dict:
+    """os.environ for a child Python process that imports this checkout's autogen first, keeping
+    the PYTHONPATH already set (dependencies installed with pip --target, as on the GPU machines)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}

@@ -32,6 +32,7 @@ from autogen.errors import UsageError
 from autogen.family import get_family
 from autogen.testing.replay import ReplayBackend, load
 from autogen.tuner import TuneOptions
+from conftest import checkout_env
 
 HERE = Path(__file__).parent
 ASSET = HERE / "assets" / "replay_sgemv_8192x16.json"
@@ -70,7 +71,7 @@ def spawn(url: str, out: Path, trials: int, delay_s: float, seed: int, gpus: str
     log = open(out.with_suffix(".log"), "w")
     return subprocess.Popen([sys.executable, str(HERE / "distributed_worker.py"), url, str(trials), str(delay_s),
                              str(LEASE_S), str(seed), str(out), gpus], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": str(HERE.parent)}, **popen)
+                            env=checkout_env(), **popen)
 
 
 def wait_all(processes, timeout_s: float = 120) -> None:
@@ -375,7 +376,7 @@ def test_compile_workers_end_with_their_process():
     script = ("import os, time\nfrom autogen.backend import _new_pool\npool = _new_pool(1)\n"
               "print(pool.submit(os.getpid).result(), flush=True)\ntime.sleep(60)\n")
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+                             env=checkout_env())
     worker = int(owner.stdout.readline())
     assert _running(worker)
     owner.kill()

@@ -38,6 +38,7 @@ from tuning_db import migrations
 from tuning_db.models import Base, TrialRow
 from tuning_db.engine import transaction, upsert_template
 from tuning_db.repository import TRIAL_KEY
+from conftest import checkout_env
 
 ASSET_0001 = Path(__file__).parent / "assets" / "tuning_db_rev0001.sql"
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "9.0", 132, 52428800, 13000, 13000, "13.0")
@@ -698,7 +699,6 @@ def test_a_second_tuningdb_on_an_open_file_keeps_the_first_one_s_locks(tmp_path)
     second.winners()
     assert _locked_by(os.getpid(), path)
     code = f"from tuning_db import TuningDB; TuningDB({url!r}).winners()"
-    subprocess.run([sys.executable, "-c", code], check=True,
-                   env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    subprocess.run([sys.executable, "-c", code], check=True, env=checkout_env())
     assert path.with_name("shared.db-wal").exists()  # the other process was not the last one
     assert first.winners() == [] and second.winners() == []
