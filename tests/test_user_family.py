@@ -139,7 +139,8 @@ def test_an_installed_package_is_found_through_its_entry_point(tmp_path):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: autogen-mykernels\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text("[autogen.families]\nmykernels.axpy = mykernels.axpy\n")
     code = "from autogen.family import all_families; print(' '.join(all_families()))"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(EXAMPLES), str(ROOT)])}
+    paths = [str(tmp_path), str(EXAMPLES), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "mykernels.axpy" in done.stdout.split()
