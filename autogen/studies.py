@@ -393,14 +393,7 @@ class SharedStudy:
         """Add (in the background, after this worker's own writes) the measured variants the
         shared study lacks: a killed worker's last trials, stored in autogen's tables but not yet
         written to the study when it died."""
-        def add() -> None:
-            have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
-            missing = [optuna.trial.create_trial(params=params, distributions=self.dists, value=value,
-                                                 user_attrs={"kernel": name, **attrs})
-                       for name, (params, value) in measured.items() if name not in have]
-            if missing:
-                self._add_trials(missing)
-        self._writes.append(self._writer.submit(add))
+        self._add_lacking(measured, self.dists, attrs)
 
     def add_known(self, measured: dict[str, tuple[dict, float]], dists: dict) -> None:
         """Mirror what autogen's tables hold of this problem (kernel -> (params, value), every
@@ -411,11 +404,14 @@ class SharedStudy:
             storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
                 params=params, distributions=dists, value=value))
             self._known.add(name)
+        self._add_lacking(measured, dists, {})
 
+    def _add_lacking(self, measured: dict[str, tuple[dict, float]], dists: dict, attrs: dict) -> None:
+        """On the writer thread: add to the shared study the variants of ``measured`` it lacks."""
         def add() -> None:
             have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
             missing = [optuna.trial.create_trial(params=params, distributions=dists, value=value,
-                                                 user_attrs={"kernel": name})
+                                                 user_attrs={"kernel": name, **attrs})
                        for name, (params, value) in measured.items() if name not in have]
             if missing:
                 self._add_trials(missing)

@@ -459,7 +459,7 @@ class TuningDB:
             values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
                           owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
             if row is None:
-                connection.execute(insert(ClaimRow), {**_problem_values(gpu_id, trial), "variant": variant,
+                connection.execute(_NEW_CLAIM, {**_problem_values(gpu_id, trial), "variant": variant,
                                                       "attempts": 1, "created_at": values["updated_at"], **values})
                 return Claim("claimed", trial.kernel_name)
             connection.execute(_UPDATE_CLAIM, {"claim_id": row.id, "attempts": row.attempts + 1, **values})
@@ -690,6 +690,7 @@ _LAUNCHED = select(
     .where(*_where_problem(TrialRow), TrialRow.status != "rejected").scalar_subquery()
     + select(func.count()).select_from(ClaimRow)
     .where(*_where_problem(ClaimRow), ClaimRow.state == "running").scalar_subquery())
+_NEW_CLAIM = insert(ClaimRow.__table__)
 # Executed with the new values by column name (kernel_name, params, owner, ...): the SET clause.
 _UPDATE_CLAIM = update(ClaimRow.__table__).where(ClaimRow.id == bindparam("claim_id"))
 _CLAIM_DONE = (update(ClaimRow.__table__)
