@@ -179,5 +179,35 @@ def resident_capacity() -> tuple[int, int]:
     return int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
 
 
+# Shared memory of an H100 / H200 SM and the runtime's reservation per block, for the same reason.
+FALLBACK_SHARED_PER_SM = 233472
+FALLBACK_SHARED_RESERVED = 1024
+FALLBACK_COMPUTE_CAPABILITY = (9, 0)
+
+
+@functools.lru_cache(maxsize=1)
+def shared_capacity() -> tuple[int, int]:
+    """(shared memory per SM, reserved per block) in bytes on the current device; the fallback
+    figures where no GPU is visible."""
+    try:
+        runtime = require_cupy().cuda.runtime
+    except GpuUnavailableError:
+        return FALLBACK_SHARED_PER_SM, FALLBACK_SHARED_RESERVED
+    props = runtime.getDeviceProperties(runtime.getDevice())
+    return (int(props.get("sharedMemPerMultiprocessor", FALLBACK_SHARED_PER_SM)),
+            int(props.get("reservedSharedMemPerBlock", FALLBACK_SHARED_RESERVED)))
+
+
+@functools.lru_cache(maxsize=1)
+def compute_capability() -> tuple[int, int]:
+    """(major, minor) of the current device; the fallback (an H100's) where no GPU is visible."""
+    try:
+        runtime = require_cupy().cuda.runtime
+    except GpuUnavailableError:
+        return FALLBACK_COMPUTE_CAPABILITY
+    props = runtime.getDeviceProperties(runtime.getDevice())
+    return int(props["major"]), int(props["minor"])
+
+
 def sm_count() -> int:
     return resident_capacity()[0]

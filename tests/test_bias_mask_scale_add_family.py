@@ -18,7 +18,7 @@ from autogen.render import render
 from family_checks import checked_seeds
 from nvcc_tools import nvcc_or_skip
 from test_export import H100, WERROR, build_library, run, run_export, store_winner
-from test_gelu_family import sweep_visits
+from test_gelu_family import bulk_visits, sweep_visits
 from tuning_db import TuningDB
 
 FAMILY = get_family("bias_mask_scale_add")
@@ -31,7 +31,8 @@ def config(**params):
 
 def test_space_size_and_constraints():
     configs = list(FAMILY.space.enumerate())
-    assert len(configs) == 144 * 3 == FAMILY.space.size()  # x cache (ldg, stream, last)
+    # 72 shapes (vw, ept, bs, math) per loop: grid_stride and one_pass x cache (ldg, stream, last), bulk x ldg
+    assert len(configs) == 72 * 2 * 3 + 72 == FAMILY.space.size()
     assert {(c["vector_width"], c["elements_per_thread"]) for c in configs} == {
         (1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8)}
     assert FAMILY.space.param("elements_per_thread").choices == (1, 2, 4, 8)
@@ -62,6 +63,11 @@ def test_reject_reasons():
     assert FAMILY.reject_reason(odd, config(vector_width=1, elements_per_thread=4, loop="one_pass")) is None
     assert "fp16 and bf16" in FAMILY.reject_reason(FAMILY.problem(n=2**20, bias_size=4096), config(math="half2"))
     assert FAMILY.reject_reason(problem, config(math="half2", loop="one_pass")) is None
+    # loop=bulk stages x, mask and addend: 9 bytes an fp32 element, so 512 x 8 is 36 KB a stage
+    bulk = {"loop": "bulk", "cache": "ldg", "vector_width": 4}
+    f32 = FAMILY.problem("float32", n=2**24, bias_size=4096)
+    assert FAMILY.reject_reason(f32, config(**bulk, elements_per_thread=4, block_size=256)) is None
+    assert "two stages exceed" in FAMILY.reject_reason(f32, config(**bulk, elements_per_thread=8, block_size=512))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -114,9 +120,13 @@ def test_every_element_is_visited_once(n, bias_size, monkeypatch):
         if c["math"] == "half2" or c["block_size"] not in (128, 512):
             continue
         blocks = FAMILY.launch(FAMILY.problem(n=n, bias_size=bias_size), c).grid[0]
+        loop = "grid_stride" if c["loop"] == "bulk" else c["loop"]  # bulk's fallback
         for pack in {c["vector_width"], 1}:
-            visits = sweep_visits(n, pack, c["elements_per_thread"], c["block_size"], blocks, c["loop"])
+            visits = sweep_visits(n, pack, c["elements_per_thread"], c["block_size"], blocks, loop)
             assert (visits == 1).all(), (c, pack)
+        if c["loop"] == "bulk":
+            visits = bulk_visits(n, c["vector_width"], c["elements_per_thread"], c["block_size"], blocks)
+            assert (visits == 1).all(), c
 
 
 def test_templates_check_every_pointer_and_the_bias_period():

@@ -36,7 +36,12 @@ def config(**params):
 
 def test_space_size_and_constraints():
     configs = list(FAMILY.space.enumerate())
-    assert len(configs) == 176 * 2 * 3 == FAMILY.space.size()  # x erf (erff, logistic) x cache (ldg, stream, last)
+    # 88 shapes (vw, ept, bs, math) per loop: grid_stride and one_pass x erf (erff, logistic) x cache (ldg,
+    # stream, last), and loop=bulk x erf with cache=ldg only (it moves data by bulk copies)
+    assert len(configs) == 88 * 2 * 2 * 3 + 88 * 2 == FAMILY.space.size()
+    assert {c["cache"] for c in configs if c["loop"] == "bulk"} == {"ldg"}
+    assert "cache choice changes nothing" in FAMILY.space.violations({**FAMILY.default_params, "loop": "bulk",
+                                                                      "cache": "stream"})[0]
     pairs = {(c["vector_width"], c["elements_per_thread"]) for c in configs}
     assert pairs == {(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)}
     assert FAMILY.space.violations({**FAMILY.default_params, "vector_width": 8, "elements_per_thread": 4})
@@ -57,6 +62,19 @@ def test_reject_reasons():
     assert "one_pass" in FAMILY.reject_reason(FAMILY.problem(n=2**20), config(block_size=256))
     assert FAMILY.reject_reason(FAMILY.problem(n=2**28), config(block_size=256)) is None
     assert FAMILY.reject_reason(FAMILY.problem(n=2**20), config(block_size=256, loop="one_pass")) is None
+
+
+def test_bulk_reject_reasons(monkeypatch):
+    bf16 = FAMILY.problem("bfloat16", n=2**24)
+    bulk = config(loop="bulk", vector_width=8, elements_per_thread=16, block_size=256)
+    assert FAMILY.reject_reason(bf16, bulk) is None
+    # 4096 elements a chunk: a smaller n stages nothing
+    assert "under one chunk" in FAMILY.reject_reason(FAMILY.problem("bfloat16", n=4095), bulk)
+    # 1024 x 16 fp32 elements are 64 KB a stage: not two in 48 KB of shared memory
+    wide = config(loop="bulk", vector_width=4, elements_per_thread=16, block_size=1024)
+    assert "two stages exceed 48 KB" in FAMILY.reject_reason(FAMILY.problem("float32", n=2**24), wide)
+    monkeypatch.setattr(ew, "compute_capability", lambda: (8, 0))
+    assert "sm_90" in FAMILY.reject_reason(bf16, bulk)
 
 
 def test_problems_and_traits():
@@ -194,6 +212,12 @@ def test_seed_configs_are_valid_unpruned_and_few(dtype, approximate, n):
             assert all(s["erf"] == "logistic" for s in seeds)
         if dtype != "float32" and approximate == "tanh":
             assert all(s["math"] == "half2" for s in seeds)
+        # the bulk pipeline second where it won (fp16 / bf16 at 2^24: 32 MiB staged), nowhere else
+        bulk = [s for s in seeds if s["loop"] == "bulk"]
+        if dtype != "float32" and n == 2**24:
+            assert seeds[1] == bulk[0] and (bulk[0]["vector_width"], bulk[0]["block_size"]) == (8, 256)
+        else:
+            assert not bulk
 
 
 # -- geometry: a model of the sweep in templates/elementwise.cuh.j2 --------------------------------
@@ -227,6 +251,24 @@ def sweep_visits(n: int, pack: int, ept: int, block: int, blocks: int, loop: str
     return counts
 
 
+def bulk_visits(n: int, pack: int, ept: int, block: int, blocks: int) -> np.ndarray:
+    """The same for bulk_sweep (elementwise.cuh.j2): chunk c of block * ept elements to block
+    c % blocks, each thread's packs block apart in it; then the tail, one element per thread."""
+    counts = np.zeros(n, dtype=np.int64)
+    chunk = block * ept
+    chunks = n // chunk
+    for c in range(chunks):
+        for tid in range(block):
+            for u in range(ept // pack):
+                first = c * chunk + (tid + u * block) * pack
+                counts[first:first + pack] += 1
+    element = chunks * chunk + np.arange(blocks * block)
+    while (element < n).any():
+        np.add.at(counts, element[element < n], 1)
+        element = element + blocks * block
+    return counts
+
+
 @pytest.mark.parametrize("n", [1, 3, 8, 9, 1000, 4097, 70_001])
 def test_every_element_is_visited_once_on_both_paths(n, monkeypatch):
     # A small device, so that grid_stride really strides at these sizes.
@@ -239,10 +281,14 @@ def test_every_element_is_visited_once_on_both_paths(n, monkeypatch):
             assert blocks * c["block_size"] * c["elements_per_thread"] >= n
         else:
             assert blocks <= 2 * max(1, 512 // c["block_size"])
+        ept = c["elements_per_thread"]
         for pack in {c["vector_width"], 1}:  # the vector path, and the scalar one
-            ept = c["elements_per_thread"]
-            visits = sweep_visits(n, pack, ept, c["block_size"], blocks, c["loop"])
+            # (loop=bulk falls back to the grid-stride sweep where it cannot stage)
+            visits = sweep_visits(n, pack, ept, c["block_size"], blocks, "grid_stride" if c["loop"] == "bulk" else c["loop"])
             assert (visits == 1).all(), (c, pack, np.flatnonzero(visits != 1)[:5])
+        if c["loop"] == "bulk":
+            visits = bulk_visits(n, c["vector_width"], ept, c["block_size"], blocks)
+            assert (visits == 1).all(), (c, np.flatnonzero(visits != 1)[:5])
 
 
 def test_launch_on_the_h100_figures_and_the_host_launcher_agree():
@@ -259,6 +305,29 @@ def test_launch_on_the_h100_figures_and_the_host_launcher_agree():
     for form, flag in (("tanh", 1), ("none", 0)):
         (step,) = FAMILY.plan(FAMILY.problem(n=10, approximate=form), stride)
         assert step.args({"x": "X", "y": "Y"})[2:] == (10, flag)
+
+
+def test_bulk_launch_on_the_h100_figures_and_the_host_launcher_agree():
+    # bf16, 256 x 16 elements a chunk: 8 KB a stage, 4 stages (32 KB + the barriers), so 6 blocks a
+    # SM in 228 KB (33 KB each with the 1 KB reservation): 132 x 6, promised by the launch bounds.
+    problem = FAMILY.problem("bfloat16", n=2**24)
+    bulk = config(loop="bulk", vector_width=8, elements_per_thread=16, block_size=256)
+    assert ew.bulk_stages(bulk, 2) == 4 and ew.bulk_shared_bytes(bulk, 2) == 4 * 8192 + 128
+    assert FAMILY.launch(problem, bulk).grid == (132 * 6, 1, 1)
+    # one block per whole chunk at most
+    assert FAMILY.launch(FAMILY.problem("bfloat16", n=5 * 4096 + 7), bulk).grid == (5, 1, 1)
+    source = render(FAMILY, "bfloat16", bulk, host_launcher=True)
+    assert "__launch_bounds__(256, 6)" in source and "STAGES = 4," in source
+    assert "cudaDevAttrMaxSharedMemoryPerMultiprocessor" in source and ": 6;" in source
+    assert "sweep<GeluTanh, 8>" in source and "bulk_sweep<GeluTanh, 8>" in source  # the fallback kept
+    # fp32 at 512 x 8: 16 KB a stage, two stages, 1536 threads a SM at most: 3 blocks
+    wide = config(loop="bulk", vector_width=4, elements_per_thread=8, block_size=512)
+    assert ew.bulk_stages(wide, 4) == 2 and FAMILY.launch(FAMILY.problem("float32", n=2**24), wide).grid == (132 * 3, 1, 1)
+    # fp32 at 1024 x 16: 64 KB a stage, none fits: the grid_stride variant, pruned from searches
+    unfit = config(loop="bulk", vector_width=4, elements_per_thread=16, block_size=1024)
+    f32 = FAMILY.problem("float32", n=2**24)
+    assert FAMILY.launch(f32, unfit) == FAMILY.launch(f32, config(**{**unfit.as_dict(), "loop": "grid_stride"}))
+    assert "bulk_sweep" not in render(FAMILY, "float32", unfit) and FAMILY.reject_reason(f32, unfit)
 
 
 def test_half2_renders_only_for_half_types():

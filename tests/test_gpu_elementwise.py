@@ -53,13 +53,15 @@ def test_every_variant_compiles_with_nvrtc(all_cubins):
         assert not failures, f"{family_name} {dtype}: {len(failures)} failed, e.g. {next(iter(failures.items()))}"
 
 
-def _validate(all_cubins, family_name, dtype, dims, every=1):
+def _validate(all_cubins, family_name, dtype, dims, every=1, where=lambda config: True):
     from autogen.worker import Evaluator, WorkSpec
 
     family = get_family(family_name)
     evaluator = Evaluator(WorkSpec(family_name, dtype, tuple(dims.items()), family.module))
     failures, worst = [], 0.0
-    for name, (config, cubin) in list(all_cubins[(family_name, dtype)].items())[::every]:
+    chosen = [(name, config, cubin) for name, (config, cubin) in all_cubins[(family_name, dtype)].items() if where(config)]
+    assert chosen
+    for name, config, cubin in chosen[::every]:
         check = evaluator.check(name, cubin, config.as_dict())
         if not check.ok:
             failures.append(f"{name}: {check.reason}")
@@ -90,6 +92,20 @@ def test_a_sample_validates_at_a_million_elements(all_cubins, family_name, dtype
     for approximate in (("tanh", "none") if family_name == "gelu" else (None,)):
         dims = dict(LARGE[family_name], **({"approximate": approximate} if approximate else {}))
         _validate(all_cubins, family_name, dtype, dims, every=5)
+
+
+# loop=bulk over many chunks: 2^24 elements are several chunks per block of the persistent grid
+# (each block's stages wrap around more than once with the smaller chunks), plus a tail that the
+# bulk path leaves to its Work<1> loop; the aligned cases take the bulk path, the offset one the
+# sweep. One GELU form: the pipeline does not depend on it.
+BULK_DIMS = {"gelu": {"n": 2**24 + 5, "approximate": "tanh"},
+             "bias_mask_scale_add": {"n": 2**24 + 24, "bias_size": 8}}
+
+
+@pytest.mark.parametrize("family_name", ["gelu", "bias_mask_scale_add"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_bulk_variant_validates_over_many_chunks(all_cubins, family_name, dtype):
+    _validate(all_cubins, family_name, dtype, BULK_DIMS[family_name], where=lambda config: config["loop"] == "bulk")
 
 
 def _broken_check(family_name, dtype, dims, params, old, new):
@@ -123,8 +139,17 @@ def test_validation_catches_the_wrong_form_in_fp32():
 
 def test_validation_catches_a_wrong_bias_index():
     check = _broken_check("bias_mask_scale_add", "float16", {"n": 8192, "bias_size": 64}, {},
-                          "(unsigned int)first % a.bias_size", "((unsigned int)first + P) % a.bias_size")
+                          "(unsigned int)(first + a.offset) % a.bias_size", "(unsigned int)(first + a.offset + P) % a.bias_size")
     assert not check.ok
+
+
+def test_validation_catches_a_bulk_chunk_without_its_offset():
+    # Chunks of 2048 elements against a bias period of 3072: a chunk that forgets where it starts
+    # reads the wrong bias (the elementwise bulk pipeline's one index-dependent input).
+    check = _broken_check("bias_mask_scale_add", "float32", {"n": 12288, "bias_size": 3072},
+                          {"loop": "bulk", "cache": "ldg", "vector_width": 4, "elements_per_thread": 8, "block_size": 256},
+                          "s.offset = first;", "s.offset = 0;")
+    assert not check.ok and "relative L2 error" in check.reason
 
 
 def _replayed_peer_error(family, problem):

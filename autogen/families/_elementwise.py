@@ -5,7 +5,10 @@ Geometry. A thread handles `elements_per_thread` (EPT) elements per step, as EPT
 packs of vector_width elements, consecutive threads on consecutive packs (each of its loads
 coalesced across the warp). A block covers block_size * EPT elements per step. one_pass: the grid
 covers n in one step, ceil(n / (block_size * EPT)) blocks. grid_stride: at most one wave of
-resident blocks, each thread striding over the rest. The scalar path (taken where a pointer is not
+resident blocks, each thread striding over the rest. bulk (sm_90): a persistent grid of the
+blocks that fit at once, each pipelining chunks of block_size * EPT elements through `stages`
+shared-memory stages filled by the bulk copy engine and written back by bulk stores
+(elementwise.cuh.j2: bulk_sweep); a family names the bytes it stages per element. The scalar path (taken where a pointer is not
 aligned to the pack) covers the same elements with EPT single-element loads per thread and step,
 so the grid is the same for both paths.
 """
@@ -20,7 +23,7 @@ import numpy as np
 
 from ..family import device_array
 from ..problem import Config, Problem
-from ..gpu import resident_capacity
+from ..gpu import compute_capability, resident_capacity, shared_capacity
 from ..space import Param, Space
 
 # Relative L2 error allowed per dtype (against the float64 result of the inputs as stored).
@@ -47,6 +50,64 @@ def _packs_in_flight(p) -> str | None:
     return None
 
 
+def _bulk_moves_no_cache_hint(p) -> str | None:
+    if p["loop"] == "bulk" and p["cache"] != "ldg":
+        return "loop=bulk moves data by bulk copies and shared memory: the cache choice changes nothing (ldg only)"
+    return None
+
+
+# loop=bulk: a block's stages live in static shared memory (48 KB at most), beside one 8-byte
+# mbarrier per stage that BulkShared pads to its 128-byte alignment.
+BULK_SHARED_BUDGET = 48 * 1024 - 128
+MAX_STAGES = 4
+
+
+def bulk_stages(config: Config, staged_bytes: int) -> int:
+    """Stages of the bulk pipeline: as many chunks (block_size * ept elements of every staged
+    input, `staged_bytes` per element) as fit the budget, at most MAX_STAGES; under 2 the config
+    cannot run (reject_reason)."""
+    chunk_bytes = config["block_size"] * config["elements_per_thread"] * staged_bytes
+    return min(MAX_STAGES, BULK_SHARED_BUDGET // chunk_bytes)
+
+
+# The persistent grid counts on its blocks being resident together, so the kernel's launch bounds
+# promise the registers for as many as the shared memory lets an sm_90 SM hold (228 KB), up to
+# 1536 threads (about 40 registers a thread; more would spill). grid_blocks sizes the grid from
+# the device's own figures, capped by the same promise.
+SM90_SHARED_PER_SM = 233472
+SHARED_RESERVED_PER_BLOCK = 1024
+BULK_MAX_THREADS_PER_SM = 1536
+
+
+def bulk_blocks_per_sm(config: Config, staged_bytes: int, shared_per_sm: int = SM90_SHARED_PER_SM,
+                       reserved: int = SHARED_RESERVED_PER_BLOCK) -> int:
+    """Blocks of a bulk variant resident on one SM: its stages (rounded up to the runtime's 1 KB
+    units, plus the per-block reservation) in `shared_per_sm`, and BULK_MAX_THREADS_PER_SM."""
+    per_block = -(-bulk_shared_bytes(config, staged_bytes) // 1024) * 1024 + reserved
+    return max(1, min(shared_per_sm // per_block, BULK_MAX_THREADS_PER_SM // config["block_size"]))
+
+
+def stages_chunks(config: Config, staged_bytes: int) -> bool:
+    """Whether the variant runs the bulk pipeline: loop=bulk with two stages or more. A bulk
+    config whose stages do not fit renders (and launches) the grid_stride sweep it falls back
+    to; reject_reason keeps it out of searches."""
+    return config["loop"] == "bulk" and bulk_stages(config, staged_bytes) >= 2
+
+
+def bulk_template_vars(config: Config, staged_bytes: int) -> dict:
+    """What the templates need beyond the config: `bulk` (stages_chunks), and for the pipeline
+    its stage count and the blocks per SM its launch bounds promise."""
+    if not stages_chunks(config, staged_bytes):
+        return {"bulk": False}
+    return {"bulk": True, "bulk_stages": bulk_stages(config, staged_bytes),
+            "bulk_blocks_per_sm": bulk_blocks_per_sm(config, staged_bytes)}
+
+
+def bulk_shared_bytes(config: Config, staged_bytes: int) -> int:
+    """sizeof(BulkShared): the stages, then the barriers padded to 128 bytes."""
+    return bulk_stages(config, staged_bytes) * config["block_size"] * config["elements_per_thread"] * staged_bytes + 128
+
+
 def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
     """The parameters of both families (and a family's `extra` ones, last); `max_ept` bounds the
     elements a thread holds per step (the kernels get up to 64 registers:
@@ -59,8 +120,10 @@ def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
             Param("elements_per_thread", tuple(e for e in (1, 2, 4, 8, 16) if e <= max_ept), "ept",
                   "elements per thread and step: elements_per_thread / vector_width loads in flight per input"),
             Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
-            Param("loop", ("grid_stride", "one_pass"), "l",
-                  "one wave of resident blocks striding over n, or one block per block_size * ept elements"),
+            Param("loop", ("grid_stride", "one_pass", "bulk"), "l",
+                  "one wave of resident blocks striding over n, one block per block_size * ept elements, or "
+                  "bulk (sm_90): resident blocks pipelining chunks of block_size * ept elements through shared "
+                  "memory with the bulk copy engine (cp.async.bulk loads and stores)"),
             Param("math", ("float", "half2"), "m",
                   "half types: arithmetic in fp32, or two halves per instruction (fp16x2 / bf16x2)"),
             *extra,
@@ -69,7 +132,7 @@ def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
                   "st.global.cs: evict-first, for data touched once); or last: loads with an L1 and L2 "
                   "evict_last policy and plain stores, as Inductor's pointwise kernels"),
         ),
-        constraints=(_packs_in_flight,),
+        constraints=(_packs_in_flight, _bulk_moves_no_cache_hint),
     )
 
 
@@ -80,13 +143,22 @@ DEFAULT_PARAMS = {"vector_width": 8, "elements_per_thread": 8, "block_size": 256
 SEEDS = 4  # seed configs per problem at most (each is a measured trial of the budget)
 
 
-def seed_params(problem: Problem, max_ept: int, packed: bool, earlier: tuple[dict, ...] = ()) -> list[dict]:
+# loop=bulk is seeded where the staged inputs hold about what the bulk copies of every resident
+# block keep in flight (H100, 2026-11-26, torch's graphs: gelu fp16 / bf16 at n = 2^24, 32 MiB
+# staged, 1.02x F.gelu in the tanh form and 1.08x in the erf form, where the best sweeps were 1.00x
+# and 1.06x); it lost at 2^20 and 2^28 and with 64 MiB of fp32 (0.94-0.97x).
+BULK_SEED_BYTES = (8 << 20, 48 << 20)
+
+
+def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
+                earlier: tuple[dict, ...] = ()) -> list[dict]:
     """Points a search measures first, best first, before the family adds its own parameters and
     drops what its pruning rejects: what a vendor's vectorised elementwise kernel does (torch's
     vectorized_elementwise_kernel: 128-thread blocks, one 16-byte pack per thread, one pass, so
     small n still spreads over every SM), two 16-byte packs per thread in 256-thread blocks for
-    the large sizes, with and without the streaming hints; then `earlier` (the family's previous
-    H200 winners). `packed`: half2 arithmetic where the problem allows it."""
+    the large sizes (through the bulk pipeline where the staged inputs, `staged_bytes` per
+    element, are within BULK_SEED_BYTES), with and without the streaming hints; then `earlier`
+    (the family's previous H200 winners). `packed`: half2 arithmetic where the problem allows it."""
     wide = 8 if problem.dtype in HALF_TYPES else 4  # elements in 16 bytes
     math_ = "half2" if packed else "float"
     base = {"loop": "one_pass", "math": math_, "cache": "ldg"}
@@ -96,6 +168,8 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, earlier: tuple[dic
         seeds = [{**one, "block_size": 128}, {**two, "block_size": 128}]
     else:
         seeds = [{**one, "block_size": 128}, {**two, "block_size": 256}, {**two, "block_size": 256, "cache": "stream"}]
+    if BULK_SEED_BYTES[0] <= problem["n"] * staged_bytes <= BULK_SEED_BYTES[1]:
+        seeds.insert(1, {**two, "block_size": 256, "loop": "bulk"})
     seeds += [dict(e) for e in earlier]
     unique = []
     for params in seeds:
@@ -117,18 +191,27 @@ def fitting_seeds(family, problem: Problem, candidates) -> list[Config]:
     return found[:SEEDS] or [family.default_config(problem)]
 
 
-def grid_blocks(n: int, config: Config) -> int:
-    """The blocks of one launch; the host launchers compute the same (elementwise.cuh.j2)."""
+def grid_blocks(n: int, config: Config, staged_bytes: int) -> int:
+    """The blocks of one launch; the host launchers compute the same (elementwise.cuh.j2).
+    `staged_bytes`: what loop=bulk stages per element (the family's streamed inputs)."""
     block, ept = config["block_size"], config["elements_per_thread"]
     wanted = -(-n // (block * ept))
     if config["loop"] == "one_pass":
         return wanted
     sm_count, threads_per_sm = resident_capacity()
-    return max(1, min(wanted, sm_count * max(1, threads_per_sm // block)))
+    per_sm = max(1, threads_per_sm // block)
+    if stages_chunks(config, staged_bytes):
+        # Persistent: at most one block per whole chunk, and the blocks resident at once (see
+        # bulk_blocks_per_sm: this device's shared memory, within the launch bounds' promise).
+        wanted = max(1, n // (block * ept))
+        here = bulk_blocks_per_sm(config, staged_bytes, *shared_capacity())
+        per_sm = max(1, min(per_sm, here, bulk_blocks_per_sm(config, staged_bytes)))
+    return max(1, min(wanted, sm_count * per_sm))
 
 
-def reject_reason(problem: Problem, config: Config) -> str | None:
-    """Shape- and dtype-based pruning shared by both families (see their own additions)."""
+def reject_reason(problem: Problem, config: Config, staged_bytes: int) -> str | None:
+    """Shape- and dtype-based pruning shared by both families (see their own additions);
+    `staged_bytes` as for grid_blocks."""
     n = problem["n"]
     if config["math"] == "half2" and problem.dtype not in HALF_TYPES:
         return "math=half2 applies to fp16 and bf16 only (fp32 variants render the same code)"
@@ -137,8 +220,22 @@ def reject_reason(problem: Problem, config: Config) -> str | None:
     per_block = config["block_size"] * config["elements_per_thread"]
     if config["block_size"] > 128 and per_block > 2 * n:
         return f"block_size*elements_per_thread={per_block} covers over twice n={n}"
-    if config["loop"] == "grid_stride" and grid_blocks(n, config) == -(-n // per_block):
+    if config["loop"] == "grid_stride" and grid_blocks(n, config, staged_bytes) == -(-n // per_block):
         return "the grid covers n in one step: grid_stride is the same launch as one_pass"
+    if config["loop"] == "bulk":
+        return _bulk_reject_reason(n, config, staged_bytes)
+    return None
+
+
+def _bulk_reject_reason(n: int, config: Config, staged_bytes: int) -> str | None:
+    chunk = config["block_size"] * config["elements_per_thread"]
+    if compute_capability() < (9, 0):
+        return "loop=bulk needs the bulk copy engine (sm_90 or newer)"
+    if bulk_stages(config, staged_bytes) < 2:
+        return (f"loop=bulk: a chunk of {chunk} elements stages {chunk * staged_bytes} bytes, and two stages "
+                "exceed 48 KB of shared memory")
+    if n < chunk:
+        return f"loop=bulk: n={n} is under one chunk of block_size*elements_per_thread={chunk}: no element is staged"
     return None
 
 

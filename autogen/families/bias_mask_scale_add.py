@@ -64,8 +64,19 @@ class BiasMaskScaleAdd(Family):
             raise UsageError(f"{self.name}: bias_size={problem['bias_size']} must divide n={problem['n']}")
 
     # --- geometry -------------------------------------------------------------------------
+    @staticmethod
+    def staged_bytes(dtype: str) -> int:
+        """Bytes per element that loop=bulk stages in shared memory: x, mask and addend (y is
+        written over x; the bias stays in the caches)."""
+        return 2 * DTYPES[dtype].itemsize + 1
+
+    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False, traits=()) -> dict:
+        return {**super().template_vars(dtype, config, host_launcher, traits),
+                **ew.bulk_template_vars(config, self.staged_bytes(dtype))}
+
     def launch(self, problem: Problem, config: Config) -> Launch:
-        return Launch(grid=(ew.grid_blocks(problem["n"], config), 1, 1), block=(config["block_size"], 1, 1))
+        blocks = ew.grid_blocks(problem["n"], config, self.staged_bytes(problem.dtype))
+        return Launch(grid=(blocks, 1, 1), block=(config["block_size"], 1, 1))
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         # Converted once (kernel_scalar): a dispatched call converts nothing on the hot path.
@@ -87,13 +98,14 @@ class BiasMaskScaleAdd(Family):
         where nothing is left."""
         half = problem.dtype in ew.HALF_TYPES
         earlier = EARLIER_WINNERS["half" if half else "float32"]
-        return ew.fitting_seeds(self, problem, ew.seed_params(problem, 8, packed=half, earlier=earlier))
+        seeds = ew.seed_params(problem, 8, half, self.staged_bytes(problem.dtype), earlier)
+        return ew.fitting_seeds(self, problem, seeds)
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
         if config["vector_width"] > 1 and problem["bias_size"] % config["vector_width"]:
             return (f"bias_size={problem['bias_size']} is not a multiple of vector_width={config['vector_width']}: "
                     "every element takes the scalar path")
-        return ew.reject_reason(problem, config)
+        return ew.reject_reason(problem, config, self.staged_bytes(problem.dtype))
 
     # --- data -----------------------------------------------------------------------------
     def validation_cases(self, problem: Problem) -> list[dict]:

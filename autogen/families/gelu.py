@@ -93,11 +93,18 @@ class Gelu(Family):
         return ew.tolerance(problem)
 
     def template_vars(self, dtype: str, config: Config, host_launcher: bool = False, traits=()) -> dict:
-        return {**super().template_vars(dtype, config, host_launcher, traits), "constants": pack_constants(dtype)}
+        return {**super().template_vars(dtype, config, host_launcher, traits), "constants": pack_constants(dtype),
+                **ew.bulk_template_vars(config, self.staged_bytes(dtype))}
 
     # --- geometry -------------------------------------------------------------------------
+    @staticmethod
+    def staged_bytes(dtype: str) -> int:
+        """Bytes per element that loop=bulk stages in shared memory: x (y is written over it)."""
+        return DTYPES[dtype].itemsize
+
     def launch(self, problem: Problem, config: Config) -> Launch:
-        return Launch(grid=(ew.grid_blocks(problem["n"], config), 1, 1), block=(config["block_size"], 1, 1))
+        blocks = ew.grid_blocks(problem["n"], config, self.staged_bytes(problem.dtype))
+        return Launch(grid=(blocks, 1, 1), block=(config["block_size"], 1, 1))
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         # Converted once (kernel_scalar): a dispatched call converts nothing on the hot path.
@@ -119,7 +126,7 @@ class Gelu(Family):
                 return "erf=logistic changes the erf form only"
             if problem.dtype not in ew.HALF_TYPES:
                 return "erf=logistic applies to fp16 and bf16 only (fp32 variants render erff: the same code)"
-        return ew.reject_reason(problem, config)
+        return ew.reject_reason(problem, config, self.staged_bytes(problem.dtype))
 
     def seed_configs(self, problem: Problem) -> list[Config]:
         """Up to ew.SEEDS points measured first (ew.seed_params): the vendor-like 16-byte one-pass
@@ -131,8 +138,8 @@ class Gelu(Family):
         tanh = problem["approximate"] == "tanh"
         earlier = EARLIER_WINNERS["float32" if not half else "half_tanh" if tanh else "half_erf"]
         erf = "logistic" if half and not tanh else "erff"
-        return ew.fitting_seeds(self, problem, ({**params, "erf": erf} for params in
-                                                ew.seed_params(problem, 16, packed=half and tanh, earlier=earlier)))
+        seeds = ew.seed_params(problem, 16, half and tanh, self.staged_bytes(problem.dtype), earlier)
+        return ew.fitting_seeds(self, problem, ({**params, "erf": erf} for params in seeds))
 
     # --- data -----------------------------------------------------------------------------
     def validation_cases(self, problem: Problem) -> list[dict]:
