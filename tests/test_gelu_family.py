@@ -218,6 +218,9 @@ def test_seed_configs_are_valid_unpruned_and_few(dtype, approximate, n):
             assert seeds[1] == bulk[0] and (bulk[0]["vector_width"], bulk[0]["block_size"]) == (8, 256)
         else:
             assert not bulk
+        # cache hints by size: streaming up to 2^26, Inductor's evict_last loads beyond
+        hints = {s["cache"] for s in seeds} - {"ldg"}
+        assert hints == ({"last"} if n > 2**26 else {"stream"} if n > 2**22 else set())
 
 
 # -- geometry: a model of the sweep in templates/elementwise.cuh.j2 --------------------------------
