@@ -8,7 +8,8 @@ too (torch's out= forms, which allocate nothing). F.gelu, the composed expressio
 code allocate their results and temporaries, which is unsafe inside CuPy's capture; they are timed
 here in torch's own CUDA graphs (torch.cuda.CUDAGraph, whose private memory pool makes allocation
 during capture safe): L calls rotating over the same number of cold input sets as the tuner uses
-(together over 4x L2), captured once, replayed 7 times, each replay timed with CUDA events, the
+(together over 4x L2), captured once per function; the graphs of one problem (autogen's call,
+eager, compiled) are replayed in 15 interleaved rounds, each replay timed with CUDA events, the
 median per call. torch.compile is warmed up (compiled, autotuned) outside capture. autogen's own
 call (autogen.gelu / autogen.bias_mask_scale_add, result allocated like F.gelu's, from the graph's
 pool) is timed there too: the speedups over torch are taken between the two in torch's graphs,
@@ -43,7 +44,7 @@ from pathlib import Path
 SIZES = (2**20, 2**24, 2**28)
 DTYPES = ("float32", "float16", "bfloat16")
 BIAS_SIZE = 4096
-REPLAYS = 7
+ROUNDS = 15  # interleaved replays of each torch graph (autogen's call, eager, compiled)
 TARGET_REPLAY_US = 2000.0
 MAX_CALLS = 2000
 FIXED_S = 8.0  # per problem outside the search: start-up, finishing (re-time, family peer), torch peers
@@ -132,8 +133,9 @@ def torch_input_sets(torch, family, problem, cupy, l2_bytes: int):
     return sets, tensors
 
 
-def graph_time_us(torch, fn, tensor_sets) -> tuple[float, float]:
-    """(median us per call, spread) of fn over rotating sets, timed in torch CUDA graphs."""
+def captured_graph(torch, fn, tensor_sets):
+    """(graph, calls): fn over rotating sets captured in a torch CUDA graph of about
+    TARGET_REPLAY_US per replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up on a side stream, as torch's graph docs ask
@@ -155,25 +157,36 @@ def graph_time_us(torch, fn, tensor_sets) -> tuple[float, float]:
         torch.cuda.synchronize()
         return graph
 
-    def replay_us(graph, calls: int) -> float:
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) * 1000.0 / calls
-
     sets = len(tensor_sets)
     probe_calls = max(sets, 8)
     probe = capture(probe_calls)
-    estimate = min(replay_us(probe, probe_calls) for _ in range(2))
+    estimate = min(replay_us(torch, probe, probe_calls) for _ in range(2))
     del probe
     calls = max(sets, min(MAX_CALLS, math.ceil(TARGET_REPLAY_US / max(estimate, 0.5))))
     calls = math.ceil(calls / sets) * sets
-    graph = capture(calls)
-    samples = [replay_us(graph, calls) for _ in range(REPLAYS)]
-    del graph
-    return statistics.median(samples), max(samples) - min(samples)
+    return capture(calls), calls
+
+
+def replay_us(torch, graph, calls: int) -> float:
+    """One replay of `graph`, timed with CUDA events: us per call."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) * 1000.0 / calls
+
+
+def interleaved_times_us(torch, graphs: dict) -> dict:
+    """{label: (median us per call, spread)} of captured graphs {label: (graph, calls)}, replayed
+    in ROUNDS rounds that take every graph once (in alternating order): a drift of the GPU's
+    state over the run reaches every label alike."""
+    samples: dict = {label: [] for label in graphs}
+    labels = list(graphs)
+    for round_ in range(ROUNDS):
+        for label in labels if round_ % 2 == 0 else labels[::-1]:
+            samples[label].append(replay_us(torch, *graphs[label]))
+    return {label: (statistics.median(s), max(s) - min(s)) for label, s in samples.items()}
 
 
 def check_peer_output(torch, family, problem, fn, inputs, tensors) -> float:
@@ -212,18 +225,20 @@ def time_torch_peers(problem, family, use_compile: bool, compile_cache: dict, st
     result["input_sets"] = len(sets)
     eager, compiled = torch_functions(torch, problem.family, problem.shape.get("approximate"), problem.dtype,
                                       compile_cache, use_compile, static)
+    graphs = {}
     for label, fn in (("autogen", autogen_function(problem)), ("eager", eager), ("compile", compiled)):
         if fn is None:
             continue
         started = time.monotonic()
         try:
             error = check_peer_output(torch, family, problem, fn, sets[0], tensors[0])  # compiles, autotunes
-            median, spread = graph_time_us(torch, fn, tensors)
-            result[label] = {"time_us": round(median, 4), "spread_us": round(spread, 4), "error": error,
-                             "wall_s": round(time.monotonic() - started, 1)}
+            graphs[label] = captured_graph(torch, fn, tensors)
+            result[label] = {"error": error, "wall_s": round(time.monotonic() - started, 1)}
         except Exception as exc:  # report and go on: one peer failing must not end the benchmark
             result[label] = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
-    del sets, tensors
+    for label, (median, spread) in interleaved_times_us(torch, graphs).items():
+        result[label].update(time_us=round(median, 4), spread_us=round(spread, 4))
+    del graphs, sets, tensors
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     cupy.get_default_memory_pool().free_all_blocks()
