@@ -6,11 +6,11 @@ packs of vector_width elements, consecutive threads on consecutive packs (each o
 coalesced across the warp). A block covers block_size * EPT elements per step. one_pass: the grid
 covers n in one step, ceil(n / (block_size * EPT)) blocks. grid_stride: at most one wave of
 resident blocks, each thread striding over the rest. bulk (sm_90): a persistent grid of the
-blocks that fit at once, each pipelining chunks of block_size * EPT elements through `stages`
+blocks that fit at once, each pipelining chunks of block_size * EPT elements through
 shared-memory stages filled by the bulk copy engine and written back by bulk stores
-(elementwise.cuh.j2: bulk_sweep); a family names the bytes it stages per element. The scalar path (taken where a pointer is not
-aligned to the pack) covers the same elements with EPT single-element loads per thread and step,
-so the grid is the same for both paths.
+(elementwise.cuh.j2: bulk_sweep); a family names the bytes it stages per element. The scalar
+path (taken where a pointer is not aligned to the pack) covers the same elements with EPT
+single-element loads per thread and step, so the grid is the same for both paths.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import numpy as np
 
 from ..family import device_array
 from ..problem import Config, Problem
-from ..gpu import compute_capability, resident_capacity, shared_capacity
+from ..gpu import (FALLBACK_SHARED_PER_SM, FALLBACK_SHARED_RESERVED, compute_capability, resident_capacity,
+                   shared_capacity)
 from ..space import Param, Space
 
 # Relative L2 error allowed per dtype (against the float64 result of the inputs as stored).
@@ -70,24 +71,28 @@ def bulk_stages(config: Config, staged_bytes: int) -> int:
     return min(MAX_STAGES, BULK_SHARED_BUDGET // chunk_bytes)
 
 
+def bulk_shared_bytes(config: Config, staged_bytes: int) -> int:
+    """sizeof(BulkShared): the stages, then the barriers padded to 128 bytes."""
+    return bulk_stages(config, staged_bytes) * config["block_size"] * config["elements_per_thread"] * staged_bytes + 128
+
+
 # The persistent grid counts on its blocks being resident together, so the kernel's launch bounds
-# promise the registers for as many as the shared memory lets an sm_90 SM hold (228 KB), up to
-# 1536 threads (about 40 registers a thread; more would spill). grid_blocks sizes the grid from
-# the device's own figures, capped by the same promise.
-SM90_SHARED_PER_SM = 233472
-SHARED_RESERVED_PER_BLOCK = 1024
+# promise the registers for as many as the shared memory lets an sm_90 SM hold (the H100's and
+# H200's 228 KB, gpu.FALLBACK_SHARED_PER_SM), up to 1536 threads (about 40 registers a thread;
+# more would spill). grid_blocks sizes the grid from the device's own figures, capped by the same
+# promise.
 BULK_MAX_THREADS_PER_SM = 1536
 
 
-def bulk_blocks_per_sm(config: Config, staged_bytes: int, shared_per_sm: int = SM90_SHARED_PER_SM,
-                       reserved: int = SHARED_RESERVED_PER_BLOCK) -> int:
+def bulk_blocks_per_sm(config: Config, staged_bytes: int, shared_per_sm: int = FALLBACK_SHARED_PER_SM,
+                       reserved: int = FALLBACK_SHARED_RESERVED) -> int:
     """Blocks of a bulk variant resident on one SM: its stages (rounded up to the runtime's 1 KB
     units, plus the per-block reservation) in `shared_per_sm`, and BULK_MAX_THREADS_PER_SM."""
     per_block = -(-bulk_shared_bytes(config, staged_bytes) // 1024) * 1024 + reserved
     return max(1, min(shared_per_sm // per_block, BULK_MAX_THREADS_PER_SM // config["block_size"]))
 
 
-def stages_chunks(config: Config, staged_bytes: int) -> bool:
+def runs_bulk_pipeline(config: Config, staged_bytes: int) -> bool:
     """Whether the variant runs the bulk pipeline: loop=bulk with two stages or more. A bulk
     config whose stages do not fit renders (and launches) the grid_stride sweep it falls back
     to; reject_reason keeps it out of searches."""
@@ -95,17 +100,12 @@ def stages_chunks(config: Config, staged_bytes: int) -> bool:
 
 
 def bulk_template_vars(config: Config, staged_bytes: int) -> dict:
-    """What the templates need beyond the config: `bulk` (stages_chunks), and for the pipeline
+    """What the templates need beyond the config: `bulk` (runs_bulk_pipeline), and for the pipeline
     its stage count and the blocks per SM its launch bounds promise."""
-    if not stages_chunks(config, staged_bytes):
+    if not runs_bulk_pipeline(config, staged_bytes):
         return {"bulk": False}
     return {"bulk": True, "bulk_stages": bulk_stages(config, staged_bytes),
             "bulk_blocks_per_sm": bulk_blocks_per_sm(config, staged_bytes)}
-
-
-def bulk_shared_bytes(config: Config, staged_bytes: int) -> int:
-    """sizeof(BulkShared): the stages, then the barriers padded to 128 bytes."""
-    return bulk_stages(config, staged_bytes) * config["block_size"] * config["elements_per_thread"] * staged_bytes + 128
 
 
 def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
@@ -204,7 +204,7 @@ def grid_blocks(n: int, config: Config, staged_bytes: int) -> int:
         return wanted
     sm_count, threads_per_sm = resident_capacity()
     per_sm = max(1, threads_per_sm // block)
-    if stages_chunks(config, staged_bytes):
+    if runs_bulk_pipeline(config, staged_bytes):
         # Persistent: at most one block per whole chunk, and the blocks resident at once (see
         # bulk_blocks_per_sm: this device's shared memory, within the launch bounds' promise).
         wanted = max(1, n // (block * ept))
