@@ -160,52 +160,48 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-# Where no GPU is visible (CPU tests, planning off-device): the H100 SXM's 132 SMs x 2048
-# resident threads. Grids sized from these are correct anywhere (kernels stride or bound-check);
-# on a GPU the current device's own figures are used.
+# Where no GPU is visible (CPU tests, planning off-device): the H100 SXM's figures (132 SMs x 2048
+# resident threads, 228 KB of shared memory per SM and 1 KB reserved per block, sm_90; the H200's
+# are the same). Grids sized from these are correct anywhere (kernels stride or bound-check); on a
+# GPU the current device's own figures are used.
 FALLBACK_SM_COUNT = 132
 FALLBACK_THREADS_PER_SM = 2048
-
-
-@functools.lru_cache(maxsize=1)
-def resident_capacity() -> tuple[int, int]:
-    """(SM count, resident threads per SM) of the current device (one device per process, as in
-    the GPU worker); the fallback figures where no GPU is visible."""
-    try:
-        runtime = require_cupy().cuda.runtime
-    except GpuUnavailableError:
-        return FALLBACK_SM_COUNT, FALLBACK_THREADS_PER_SM
-    props = runtime.getDeviceProperties(runtime.getDevice())
-    return int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
-
-
-# Shared memory of an H100 / H200 SM and the runtime's reservation per block, for the same reason.
 FALLBACK_SHARED_PER_SM = 233472
 FALLBACK_SHARED_RESERVED = 1024
 FALLBACK_COMPUTE_CAPABILITY = (9, 0)
 
 
 @functools.lru_cache(maxsize=1)
-def shared_capacity() -> tuple[int, int]:
-    """(shared memory per SM, reserved per block) in bytes on the current device; the fallback
-    figures where no GPU is visible."""
+def _current_properties() -> dict | None:
+    """The current device's properties (one device per process, as in the GPU worker); None where
+    no GPU is visible."""
     try:
         runtime = require_cupy().cuda.runtime
     except GpuUnavailableError:
-        return FALLBACK_SHARED_PER_SM, FALLBACK_SHARED_RESERVED
-    props = runtime.getDeviceProperties(runtime.getDevice())
+        return None
+    return runtime.getDeviceProperties(runtime.getDevice())
+
+
+def resident_capacity() -> tuple[int, int]:
+    """(SM count, resident threads per SM); the fallback figures where no GPU is visible."""
+    props = _current_properties()
+    if props is None:
+        return FALLBACK_SM_COUNT, FALLBACK_THREADS_PER_SM
+    return int(props["multiProcessorCount"]), int(props["maxThreadsPerMultiProcessor"])
+
+
+def shared_capacity() -> tuple[int, int]:
+    """(shared memory per SM, reserved per block) in bytes; the fallback figures where no GPU is visible."""
+    props = _current_properties() or {}
     return (int(props.get("sharedMemPerMultiprocessor", FALLBACK_SHARED_PER_SM)),
             int(props.get("reservedSharedMemPerBlock", FALLBACK_SHARED_RESERVED)))
 
 
-@functools.lru_cache(maxsize=1)
 def compute_capability() -> tuple[int, int]:
-    """(major, minor) of the current device; the fallback (an H100's) where no GPU is visible."""
-    try:
-        runtime = require_cupy().cuda.runtime
-    except GpuUnavailableError:
+    """(major, minor); the fallback where no GPU is visible."""
+    props = _current_properties()
+    if props is None:
         return FALLBACK_COMPUTE_CAPABILITY
-    props = runtime.getDeviceProperties(runtime.getDevice())
     return int(props["major"]), int(props["minor"])
 
 
