@@ -243,3 +243,20 @@ def test_the_tuner_reports_the_winner_actually_stored(db_url, monkeypatch):
     monkeypatch.setattr(TuningDB, "set_winner", original)
     stored = TuningDB(db_url).winner(result.device, "sgemv", "float32", PROBLEM.shape_key)
     assert stored.trial.kernel_name == "rival_kernel"
+
+
+def test_the_retimed_finalists_tie_only_within_the_timing_noise():
+    from autogen.finish import pick_winner
+
+    # gelu bf16 2^28 on the H100 (2026-11-26): the evict_last variant 0.6% ahead is no tie; it
+    # used to lose to the 128-thread ldg variant's smaller name under a 1% rule.
+    last = trial("gelu_bf16_vw8_ept16_bs256_lone_pass_mfloat_eerff_clast", 354.17, spread_us=1.2)
+    ldg = trial("gelu_bf16_vw8_ept16_bs128_lone_pass_mhalf2_eerff_cldg", 356.71, spread_us=1.06)
+    chosen, margin = pick_winner([ldg, last])
+    assert chosen is last and margin == pytest.approx((356.71 - 354.17) / 354.17)
+    # Within 0.2%, or within half the best one's spread: a tie, the smaller name wins.
+    near = trial("gelu_bf16_vw8_ept16_bs128_lone_pass_mhalf2_eerff_cldg", 354.80, spread_us=1.06)
+    assert pick_winner([last, near])[0] is near
+    noisy = trial("a_noisy_one", 350.0, spread_us=12.0)
+    assert pick_winner([noisy, last])[0] is noisy  # 354.17 is within 6 us of it, "a" < "g"
+    assert pick_winner([trial("b", 350.0, spread_us=0.2), trial("a", 352.0, spread_us=0.2)])[0].kernel_name == "b"
