@@ -31,8 +31,8 @@ def config(**params):
 
 def test_space_size_and_constraints():
     configs = list(FAMILY.space.enumerate())
-    # 72 shapes (vw, ept, bs, math) per loop: grid_stride and one_pass x cache (ldg, stream, last), bulk x ldg
-    assert len(configs) == 72 * 2 * 3 + 72 == FAMILY.space.size()
+    # 72 shapes (vw, ept, bs, math) per loop: grid_stride and one_pass x cache (ldg, last), bulk x ldg
+    assert len(configs) == 72 * 2 * 2 + 72 == FAMILY.space.size()
     assert {(c["vector_width"], c["elements_per_thread"]) for c in configs} == {
         (1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8)}
     assert FAMILY.space.param("elements_per_thread").choices == (1, 2, 4, 8)

@@ -37,11 +37,12 @@ def config(**params):
 def test_space_size_and_constraints():
     configs = list(FAMILY.space.enumerate())
     # 88 shapes (vw, ept, bs, math) per loop: grid_stride and one_pass x erf (erff, logistic) x cache (ldg,
-    # stream, last), and loop=bulk x erf with cache=ldg only (it moves data by bulk copies)
-    assert len(configs) == 88 * 2 * 2 * 3 + 88 * 2 == FAMILY.space.size()
+    # last), and loop=bulk x erf with cache=ldg only (it moves data by bulk copies)
+    assert len(configs) == 88 * 2 * 2 * 2 + 88 * 2 == FAMILY.space.size()
     assert {c["cache"] for c in configs if c["loop"] == "bulk"} == {"ldg"}
     assert "cache choice changes nothing" in FAMILY.space.violations({**FAMILY.default_params, "loop": "bulk",
-                                                                      "cache": "stream"})[0]
+                                                                      "cache": "last"})[0]
+    assert FAMILY.space.violations({**FAMILY.default_params, "cache": "stream"})  # no streaming policy
     pairs = {(c["vector_width"], c["elements_per_thread"]) for c in configs}
     assert pairs == {(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)}
     assert FAMILY.space.violations({**FAMILY.default_params, "vector_width": 8, "elements_per_thread": 4})
@@ -218,9 +219,13 @@ def test_seed_configs_are_valid_unpruned_and_few(dtype, approximate, n):
             assert seeds[1] == bulk[0] and (bulk[0]["vector_width"], bulk[0]["block_size"]) == (8, 256)
         else:
             assert not bulk
-        # cache hints by size: streaming up to 2^26, Inductor's evict_last loads beyond
+        # Inductor's evict_last loads beyond 2^26; up to there one pack per thread in 512 threads
         hints = {s["cache"] for s in seeds} - {"ldg"}
-        assert hints == ({"last"} if n > 2**26 else {"stream"} if n > 2**22 else set())
+        assert hints == ({"last"} if n > 2**26 else set())
+        if 2**22 < n <= 2**26:
+            bs512 = [s for s in seeds if s["block_size"] == 512]
+            assert bs512 and (bs512[0]["vector_width"], bs512[0]["elements_per_thread"], bs512[0]["loop"]) == (
+                wide, wide, "one_pass")
 
 
 # -- geometry: a model of the sweep in templates/elementwise.cuh.j2 --------------------------------
@@ -340,6 +345,16 @@ def test_half2_renders_only_for_half_types():
     packed = render(FAMILY, "bfloat16", config(math="half2"))
     assert "tanh.approx.bf16x2" in packed and "#if __CUDA_ARCH__ >= 900" in packed and "fma.rn.bf16x2" in packed
     assert "tanh.approx.f16x2" in render(FAMILY, "float16", config(math="half2"))
+
+
+
+def test_cache_policies_render_their_load_instructions():
+    # No streaming (.cs) accesses: they lost on the H100 in torch's graphs (docs/families/elementwise.md);
+    # last is Inductor's evict_last loads with plain stores. The instructions as inline PTX opens them.
+    sources = {cache: render(FAMILY, "float16", config(loop="one_pass", cache=cache)) for cache in ("ldg", "last")}
+    assert '"ld.global.L1::evict_last' in sources["last"] and "{ return load_last(" in sources["last"]
+    assert "{ return __ldg(reinterpret_cast<const T*>(p)); }" in sources["ldg"] and "evict_last" not in sources["ldg"]
+    assert not any('"ld.global.cs' in s or '"st.global.cs' in s for s in sources.values())
 
 
 # -- the export self-test hook ----------------------------------------------------------------------

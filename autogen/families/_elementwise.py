@@ -127,9 +127,10 @@ def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
             Param("math", ("float", "half2"), "m",
                   "half types: arithmetic in fp32, or two halves per instruction (fp16x2 / bf16x2)"),
             *extra,
-            Param("cache", ("ldg", "stream", "last"), "c",
-                  "loads through the read-only path and plain stores; streaming (ld.global.cs.nc, "
-                  "st.global.cs: evict-first, for data touched once); or last: loads with an L1 and L2 "
+            # No streaming (evict-first, .cs) policy: on the H100 it was never ahead in torch's graphs
+            # and lost 1.3-2.3% there where the tuner's timing saw a tie (docs/families/elementwise.md).
+            Param("cache", ("ldg", "last"), "c",
+                  "loads through the read-only path and plain stores; or last: loads with an L1 and L2 "
                   "evict_last policy and plain stores, as Inductor's pointwise kernels"),
         ),
         constraints=(_packs_in_flight, _bulk_moves_no_cache_hint),
@@ -157,7 +158,8 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
     vectorized_elementwise_kernel: 128-thread blocks, one 16-byte pack per thread, one pass, so
     small n still spreads over every SM), two 16-byte packs per thread in 256-thread blocks for
     the large sizes (through the bulk pipeline where the staged inputs, `staged_bytes` per
-    element, are within BULK_SEED_BYTES), with and without cache hints; then `earlier`
+    element, are within BULK_SEED_BYTES), one pack in 512 threads up to 2^26 and evict_last loads
+    beyond; then `earlier`
     (the family's previous H200 winners). `packed`: half2 arithmetic where the problem allows it."""
     wide = 8 if problem.dtype in HALF_TYPES else 4  # elements in 16 bytes
     math_ = "half2" if packed else "float"
@@ -166,12 +168,14 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
     two = {**base, "vector_width": wide, "elements_per_thread": min(2 * wide, max_ept)}
     if problem["n"] <= 2**22:
         seeds = [{**one, "block_size": 128}, {**two, "block_size": 128}]
+    elif problem["n"] <= 2**26:
+        # The third: one pack per thread in 512-thread blocks, the H100's best fp32 sweep at 2^24
+        # in torch's graphs (2026-11-26, 1.005-1.01x F.gelu).
+        seeds = [{**one, "block_size": 128}, {**two, "block_size": 256}, {**one, "block_size": 512}]
     else:
-        # The third with the cache hints that won at its size: streaming up to 2^26, Inductor's
-        # evict_last loads beyond (H100, 2026-11-25/26: 0.5-0.8% ahead at 2^28 in the tuner's
-        # graphs, 0.5-1% in torch's, where the streaming stores lose 0.4-5%).
-        hints = "stream" if problem["n"] <= 2**26 else "last"
-        seeds = [{**one, "block_size": 128}, {**two, "block_size": 256}, {**two, "block_size": 256, "cache": hints}]
+        # The third with Inductor's evict_last loads (H100, 2026-11-25/26: 0.5-0.8% ahead at 2^28
+        # in the tuner's graphs, 0.5-1% in torch's).
+        seeds = [{**one, "block_size": 128}, {**two, "block_size": 256}, {**two, "block_size": 256, "cache": "last"}]
     if BULK_SEED_BYTES[0] <= problem["n"] * staged_bytes <= BULK_SEED_BYTES[1]:
         seeds.insert(1, {**two, "block_size": 256, "loop": "bulk"})
     seeds += [dict(e) for e in earlier]
