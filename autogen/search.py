@@ -173,7 +173,7 @@ class SearchLoop:
         seed = self.options.seed
         if seed is not None and self.slot:
             seed = (seed + 7919 * self.slot) % 2**32
-        name = studies.study_name(self.problem, self.options.cache_mode, self.device)
+        name = studies.study_name(self.problem, self.options.cache_mode, self.device, self.family.space)
         attrs = {"family": self.problem.family, "dtype": self.problem.dtype, "shape": self.problem.shape_key,
                  "cache_mode": self.options.cache_mode, "gpu": self.device.name,
                  "compute_capability": self.device.compute_capability, "trials_budget": self.options.trials}

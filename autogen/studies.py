@@ -14,6 +14,7 @@ finished trials are written to the shared study (see SharedStudy), so none is ev
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import json
 import logging
 import math
@@ -32,6 +33,7 @@ from sqlalchemy.engine import make_url
 from tuning_db import TuningDB
 
 from .problem import Problem
+from .space import Space
 
 log = logging.getLogger("autogen.studies")
 
@@ -53,10 +55,19 @@ class Lease:
         return self.lease_s / 6
 
 
-def study_name(problem: Problem, cache_mode: str, device) -> str:
-    """One study per (family, dtype, shape, cache mode, GPU model): identical GPUs share it."""
+def study_name(problem: Problem, cache_mode: str, device, space: Space) -> str:
+    """One study per (family, dtype, shape, cache mode, GPU model, search space): identical GPUs
+    share it. The space's parameters and choices are in the name because Optuna refuses trials
+    whose distributions differ from a study's earlier ones: a new autogen whose family gained or
+    lost a choice opens a new study (the stored trials that fit its space are told to it)."""
     return (f"autogen:{problem.family}:{problem.dtype}:{problem.shape_key}:{cache_mode}:"
-            f"{device.name}:cc{device.compute_capability}")
+            f"{device.name}:cc{device.compute_capability}:space-{space_digest(space)}")
+
+
+def space_digest(space: Space) -> str:
+    """8 hex digits naming a space's parameters and their choices, in order."""
+    described = json.dumps([[p.name, list(p.choices)] for p in space.params])
+    return hashlib.sha256(described.encode()).hexdigest()[:8]
 
 
 def new_owner(label: str = "") -> str:

@@ -91,7 +91,7 @@ def consistent(url: str, trials: int, problem=PROBLEM) -> TuningDB:
     assert sorted(c.kernel_name for c in claims) == sorted(t.kernel_name for t in stored)
     winner = db.winner(DEVICE, "sgemv", "float32", problem.shape_key)
     assert winner.trial.status == "ok" and winner.trial.kernel_name in {t.kernel_name for t in stored}
-    study = optuna.load_study(study_name=studies.study_name(problem, "cold", DEVICE), storage=url)
+    study = optuna.load_study(study_name=studies.study_name(problem, "cold", DEVICE, SGEMV.space), storage=url)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert sorted(t.user_attrs["kernel"] for t in done) == sorted(t.kernel_name for t in stored)
     return db
@@ -393,7 +393,7 @@ def test_compile_workers_end_with_their_process():
 def test_optuna_reads_the_studies_autogen_writes(db_url):
     _multi(db_url, [PROBLEM], trials=8, gpus=(0, 1))
     summaries = optuna.get_all_study_summaries(storage=db_url)  # what optuna-dashboard lists
-    (summary,) = [s for s in summaries if s.study_name == studies.study_name(PROBLEM, "cold", DEVICE)]
+    (summary,) = [s for s in summaries if s.study_name == studies.study_name(PROBLEM, "cold", DEVICE, SGEMV.space)]
     assert summary.user_attrs["family"] == "sgemv" and summary.user_attrs["gpu"] == DEVICE.name
     assert summary.user_attrs["shape"] == PROBLEM.shape_key and summary.n_trials == 8
     study = optuna.load_study(study_name=summary.study_name, storage=db_url)

@@ -195,3 +195,31 @@ def test_a_parameter_added_later_keeps_the_stored_trials_and_winner(db_url, monk
     _, more = run(db_url, trials=40)
     assert len(more.evaluator.evaluated) == 20
     assert any(name.endswith("_pbon") for name in more.evaluator.evaluated)
+
+
+def test_a_choice_dropped_later_opens_a_new_study_that_learns_what_still_fits(db_url, monkeypatch):
+    # A new autogen drops a choice (as gelu dropped cache=stream). Optuna refuses trials whose
+    # distributions differ from a study's earlier ones ("does not support dynamic value space"),
+    # so each space has its own study, told the stored trials that still fit.
+    import dataclasses
+
+    import optuna
+
+    from autogen import studies
+    from autogen.space import Space
+
+    first, _ = run(db_url, trials=12)
+    narrowed = Space(tuple(dataclasses.replace(p, choices=("ldg",)) if p.name == "x_path" else p
+                           for p in SGEMV.space.params), SGEMV.space.constraints)
+    name = studies.study_name(PROBLEM, "cold", first.device, narrowed)
+    assert name != studies.study_name(PROBLEM, "cold", first.device, SGEMV.space)
+    monkeypatch.setattr(SGEMV, "space", narrowed)
+    earlier = {t.kernel_name for t in stored(db_url) if t.params["x_path"] == "ldg"}
+    lines = []
+    tuner = Tuner(PROBLEM, TuneOptions(db_url=db_url, workers=1, trials=24), progress=lines.append,
+                  backend_factory=lambda *_args: ReplayBackend(RECORDING))
+    assert tuner.run().measured > 0
+    assert not [line for line in lines if "could not be added" in line]
+    told = {t.user_attrs.get("kernel") for t in optuna.load_study(study_name=name, storage=db_url).get_trials()}
+    fitting = {t.kernel_name for t in stored(db_url) if t.params["x_path"] == "ldg"}
+    assert told == fitting and earlier < fitting  # the earlier run's ldg variants and this run's
