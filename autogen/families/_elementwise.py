@@ -159,8 +159,8 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
     small n still spreads over every SM), two 16-byte packs per thread in 256-thread blocks for
     the large sizes (through the bulk pipeline where the staged inputs, `staged_bytes` per
     element, are within BULK_SEED_BYTES), one pack in 512 threads up to 2^26 and evict_last loads
-    beyond; then `earlier`
-    (the family's previous H200 winners). `packed`: half2 arithmetic where the problem allows it."""
+    beyond; then `earlier` (the family's previous H200 winners). `packed`: half2 arithmetic where
+    the problem allows it."""
     wide = 8 if problem.dtype in HALF_TYPES else 4  # elements in 16 bytes
     math_ = "half2" if packed else "float"
     base = {"loop": "one_pass", "math": math_, "cache": "ldg"}
