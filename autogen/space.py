@@ -6,7 +6,9 @@ from a command line or a database can inject code into a kernel source.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
@@ -72,6 +74,12 @@ class Space:
             return None
         params = self.complete(params)
         return None if self._problems(params) else params
+
+    def digest(self) -> str:
+        """8 hex digits naming the parameters and their choices, in order (what Optuna's
+        distributions of the space hold; the constraints are not in it)."""
+        described = json.dumps([[p.name, list(p.choices)] for p in self.params])
+        return hashlib.sha256(described.encode()).hexdigest()[:8]
 
     def violations(self, params: Mapping[str, int | str]) -> list[str]:
         """Every reason `params` is not a valid point (empty list: valid); a stored point from

@@ -14,7 +14,6 @@ finished trials are written to the shared study (see SharedStudy), so none is ev
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import logging
 import math
@@ -61,13 +60,7 @@ def study_name(problem: Problem, cache_mode: str, device, space: Space) -> str:
     whose distributions differ from a study's earlier ones: a new autogen whose family gained or
     lost a choice opens a new study (the stored trials that fit its space are told to it)."""
     return (f"autogen:{problem.family}:{problem.dtype}:{problem.shape_key}:{cache_mode}:"
-            f"{device.name}:cc{device.compute_capability}:space-{space_digest(space)}")
-
-
-def space_digest(space: Space) -> str:
-    """8 hex digits naming a space's parameters and their choices, in order."""
-    described = json.dumps([[p.name, list(p.choices)] for p in space.params])
-    return hashlib.sha256(described.encode()).hexdigest()[:8]
+            f"{device.name}:cc{device.compute_capability}:space-{space.digest()}")
 
 
 def new_owner(label: str = "") -> str:
