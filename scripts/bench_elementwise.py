@@ -13,8 +13,8 @@ eager, compiled) are replayed in 15 interleaved rounds, each replay timed with C
 median per call. torch.compile is warmed up (compiled, autotuned) outside capture. autogen's own
 call (autogen.gelu / autogen.bias_mask_scale_add, result allocated like F.gelu's, from the graph's
 pool) is timed there too: the speedups over torch are taken between the two in torch's graphs,
-the same method. The methods differ where the result fits in L2 (2^20): torch's graphs recycle two
-or three result buffers, the tuner's input sets each write their own, cold.
+the same method. Both recycle the results where they fit in L2 (2^20): torch's graphs two or three
+buffers from their pool, the tuner three (autogen.measure.RECYCLED_RESULTS).
 
 Budget: 27 problems (18 gelu, 9 bias_mask_scale_add), each a tune plus the torch peers. From the
 last H200 run (docs/results/bench_elementwise_h200.json, 4 trials): per problem ~0.8 s start-up,
@@ -272,7 +272,7 @@ def summarize(doc: dict) -> dict:
     out = {"ours_us": ours, "gb_per_s": w.get("gb_per_s"), "pct_copy": w.get("pct_of_floor"),
            "family_peer": w.get("peer"), "family_peer_speedup": w.get("speedup_vs_peer")}
     # The speedups over torch compare like with like: autogen's call and torch's, both in torch's
-    # graphs; the tuner's figure (CuPy's graphs, a cold result per input set) when that is missing.
+    # graphs; the tuner's figure (CuPy's graphs, cold inputs, recycled results) when that is missing.
     ours_in_torch = peers.get("autogen", {}).get("time_us")
     out["autogen_torch_graph_us"] = ours_in_torch
     mine = ours_in_torch or ours

@@ -70,10 +70,28 @@ def test_timing_sets_wait_for_their_generation_before_any_timing():
     events = []
     stream = SimpleNamespace(synchronize=lambda: events.append("synchronize"))
     xp = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
-    family = SimpleNamespace(timing_case=lambda problem: {}, bytes_moved=lambda problem, case: 100,
+    family = SimpleNamespace(timing_case=lambda problem: {}, bytes_moved=lambda problem, case: 100, outputs=(),
                              make_inputs=lambda problem, xp, rng, case: events.append("make") or {})
     sets = timing_sets(family, None, xp, None, cold=True, l2_bytes=100, free_bytes=10**6)
     assert len(sets) == 5 and events == ["make"] * 5 + ["synchronize"]
+
+
+def test_timing_sets_rotate_cold_inputs_and_recycle_a_few_results():
+    # As an allocator hands a freed result's block to the next call: inputs differ per set, the
+    # results cycle through RECYCLED_RESULTS buffers.
+    from types import SimpleNamespace
+
+    from autogen.measure import RECYCLED_RESULTS, timing_sets
+
+    family = SimpleNamespace(timing_case=lambda problem: {}, bytes_moved=lambda problem, case: 100, outputs=("y",),
+                             make_inputs=lambda problem, xp, rng, case: {"x": object(), "y": object(), "n": 7})
+    sets = timing_sets(family, None, np, None, cold=True, l2_bytes=1000, free_bytes=10**6)
+    assert len(sets) == 41 > RECYCLED_RESULTS == 3
+    assert len({id(s["x"]) for s in sets}) == len(sets)
+    assert len({id(s["y"]) for s in sets}) == RECYCLED_RESULTS
+    assert all(s["y"] is sets[i % RECYCLED_RESULTS]["y"] for i, s in enumerate(sets))
+    hot = timing_sets(family, None, np, None, cold=False, l2_bytes=1000, free_bytes=10**6)
+    assert len(hot) == 1
 
 
 class _DeviceArray:
