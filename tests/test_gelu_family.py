@@ -219,9 +219,13 @@ def test_seed_configs_are_valid_unpruned_and_few(dtype, approximate, n):
             assert seeds[1] == bulk[0] and (bulk[0]["vector_width"], bulk[0]["block_size"]) == (8, 256)
         else:
             assert not bulk
-        # Inductor's evict_last loads beyond 2^26; up to there one pack per thread in 512 threads
+        # evict_last loads beyond 2^26 (Inductor's) and for fp32 up to 2^22 (16 bytes a thread
+        # as four single accesses, in 512 threads); else one pack per thread in 512 threads
         hints = {s["cache"] for s in seeds} - {"ldg"}
-        assert hints == ({"last"} if n > 2**26 else set())
+        assert hints == ({"last"} if n > 2**26 or (n <= 2**22 and dtype == "float32") else set())
+        if n <= 2**22:
+            scalar = {"vector_width": 1, "cache": "last"} if dtype == "float32" else {}
+            assert seeds[2].as_dict() == {**seeds[0].as_dict(), "block_size": 512, **scalar}
         if 2**22 < n <= 2**26:
             bs512 = [s for s in seeds if s["block_size"] == 512]
             assert bs512 and (bs512[0]["vector_width"], bs512[0]["elements_per_thread"], bs512[0]["loop"]) == (

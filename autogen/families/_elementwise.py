@@ -158,16 +158,24 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
     vectorized_elementwise_kernel: 128-thread blocks, one 16-byte pack per thread, one pass, so
     small n still spreads over every SM), two 16-byte packs per thread in 256-thread blocks for
     the large sizes (through the bulk pipeline where the staged inputs, `staged_bytes` per
-    element, are within BULK_SEED_BYTES), one pack in 512 threads up to 2^26 and evict_last loads
-    beyond; then `earlier` (the family's previous H200 winners). `packed`: half2 arithmetic where
-    the problem allows it."""
+    element, are within BULK_SEED_BYTES), 16 bytes a thread in 512 threads up to 2^26 (up to 2^22
+    as four evict_last accesses for 4-byte elements) and evict_last loads beyond; then `earlier`
+    (the family's previous H200 winners). `packed`: half2 arithmetic where the problem allows it."""
     wide = 8 if problem.dtype in HALF_TYPES else 4  # elements in 16 bytes
     math_ = "half2" if packed else "float"
     base = {"loop": "one_pass", "math": math_, "cache": "ldg"}
     one = {**base, "vector_width": wide, "elements_per_thread": wide}
     two = {**base, "vector_width": wide, "elements_per_thread": min(2 * wide, max_ept)}
     if problem["n"] <= 2**22:
-        seeds = [{**one, "block_size": 128}, {**two, "block_size": 128}]
+        # The third: 16 bytes a thread in 512-thread blocks; for 4-byte elements as four single
+        # accesses with evict_last. With the results recycled (in L2) these were among the best
+        # gelu 2^20 variants in torch's graphs (H100, 2026-11-26): fp32 1.03x (tanh) and 1.05x
+        # (erf) F.gelu, where the first two seeds were 0.99-1.03x; fp16 / bf16 1.06-1.15x, the
+        # best of 56 in the erf form (evict_last lost 1-3% there).
+        third = {**one, "block_size": 512}
+        if wide == 4:
+            third.update(vector_width=1, cache="last")
+        seeds = [{**one, "block_size": 128}, {**two, "block_size": 128}, third]
     elif problem["n"] <= 2**26:
         # The third: one pack per thread in 512-thread blocks, the H100's best fp32 sweep at 2^24
         # in torch's graphs (2026-11-26, 1.005-1.01x F.gelu).
