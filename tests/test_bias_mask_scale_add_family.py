@@ -44,6 +44,9 @@ def test_seed_configs_are_valid_unpruned_and_few(dtype, n, bias_size):
     seeds = checked_seeds(FAMILY, FAMILY.problem(dtype, n=n, bias_size=bias_size), large=n >= 2**20)
     if bias_size == 4096:
         assert len(seeds) >= 2 and seeds[0]["vector_width"] == (4 if dtype == "float32" else 8)
+    # torch.compile's own fp32 layout is measured at the large sizes (at 2^20 the bulk seed comes first)
+    from autogen.families.bias_mask_scale_add import INDUCTOR_FP32
+    assert (INDUCTOR_FP32 in [s.as_dict() for s in seeds]) == (dtype == "float32" and n >= 2**24)
 
 
 def test_problems_need_a_bias_size_dividing_n():
