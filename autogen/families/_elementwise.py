@@ -171,7 +171,7 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
         # accesses with evict_last. With the results recycled (in L2) these were among the best
         # gelu 2^20 variants in torch's graphs (H100, 2026-11-26): fp32 1.03x (tanh) and 1.05x
         # (erf) F.gelu, where the first two seeds were 0.99-1.03x; fp16 / bf16 1.06-1.15x, the
-        # best of 56 in the erf form (evict_last lost 1-3% there).
+        # best of 56 in the erf form (evict_last lost about 2% there).
         third = {**one, "block_size": 512}
         if wide == 4:
             third.update(vector_width=1, cache="last")
