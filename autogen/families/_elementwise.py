@@ -152,15 +152,16 @@ BULK_SEED_BYTES = (8 << 20, 48 << 20)
 
 
 def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
-                earlier: tuple[dict, ...] = ()) -> list[dict]:
+                family_points: tuple[dict, ...] = ()) -> list[dict]:
     """Points a search measures first, best first, before the family adds its own parameters and
     drops what its pruning rejects: what a vendor's vectorised elementwise kernel does (torch's
     vectorized_elementwise_kernel: 128-thread blocks, one 16-byte pack per thread, one pass, so
     small n still spreads over every SM), two 16-byte packs per thread in 256-thread blocks for
     the large sizes (through the bulk pipeline where the staged inputs, `staged_bytes` per
     element, are within BULK_SEED_BYTES), 16 bytes a thread in 512 threads up to 2^26 (up to 2^22
-    as four evict_last accesses for 4-byte elements) and evict_last loads beyond; then `earlier`
-    (the family's previous H200 winners). `packed`: half2 arithmetic where the problem allows it."""
+    as four evict_last accesses for 4-byte elements) and evict_last loads beyond; then
+    `family_points` (the family's own: its previous H200 winners, a peer's layout). `packed`:
+    half2 arithmetic where the problem allows it."""
     wide = 8 if problem.dtype in HALF_TYPES else 4  # elements in 16 bytes
     math_ = "half2" if packed else "float"
     base = {"loop": "one_pass", "math": math_, "cache": "ldg"}
@@ -186,7 +187,7 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
         seeds = [{**one, "block_size": 128}, {**two, "block_size": 256}, {**two, "block_size": 256, "cache": "last"}]
     if BULK_SEED_BYTES[0] <= problem["n"] * staged_bytes <= BULK_SEED_BYTES[1]:
         seeds.insert(1, {**two, "block_size": 256, "loop": "bulk"})
-    seeds += [dict(e) for e in earlier]
+    seeds += [dict(e) for e in family_points]
     unique = []
     for params in seeds:
         if params not in unique:

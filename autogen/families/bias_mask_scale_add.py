@@ -104,8 +104,8 @@ class BiasMaskScaleAdd(Family):
         earlier H200 winner of the dtype; those the pruning rejects (a bias_size that is no
         multiple of the pack) are left out; the default config where nothing is left."""
         half = problem.dtype in ew.HALF_TYPES
-        earlier = EARLIER_WINNERS["half"] if half else (INDUCTOR_FP32, *EARLIER_WINNERS["float32"])
-        seeds = ew.seed_params(problem, 8, half, self.staged_bytes(problem.dtype), earlier)
+        own = EARLIER_WINNERS["half"] if half else (INDUCTOR_FP32, *EARLIER_WINNERS["float32"])
+        seeds = ew.seed_params(problem, 8, half, self.staged_bytes(problem.dtype), own)
         return ew.fitting_seeds(self, problem, seeds)
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
