@@ -95,7 +95,9 @@ def build_parser(family=None) -> argparse.ArgumentParser:
 
     show = commands.add_parser("show", help="one stored entry: parameters, source, provenance")
     _add_family_args(show, family)
-    show.add_argument("--gpu", help="GPU name (default: this machine's GPU, else the only one stored)")
+    show.add_argument("--gpu", help="GPU name (default: this machine's GPU; else, where several are stored, the one "
+                                    "with the most tuned shapes of the family)")
+    show.add_argument("--arch", help="only winners of this architecture, e.g. sm_90")
     show.add_argument("--json", action="store_true")
     show.add_argument("--resources", action="store_true",
                       help="also compile the kernel with nvcc for the GPU it was tuned on and report ptxas's "
@@ -106,8 +108,9 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     export.add_argument("family", help=f"kernel family: {_family_names()}")
     export.add_argument("--out", required=True, metavar="DIR",
                         help="folder to write into (created if missing; fixed file names, never outside it)")
-    export.add_argument("--gpu", help="export the winners of this GPU name (default: this machine's GPU, "
-                                      "else the only one stored)")
+    export.add_argument("--gpu", help="export the winners of this GPU name (default: this machine's GPU; else, "
+                                      "where several of one architecture are stored, the one with the most tuned "
+                                      "shapes of the family)")
     export.add_argument("--arch", help="export the winners of this architecture, e.g. sm_90; also the nvcc arch")
     export.add_argument("--self-test", action="store_true",
                         help="also write a C++ self-test program (make selftest) that validates and times the export")

@@ -7,7 +7,7 @@ import statistics
 import sys
 from dataclasses import replace
 
-from .errors import InvalidConfigError, NotTunedError, UsageError
+from .errors import InvalidConfigError, NotTunedError
 from .family import get_family
 from .options import check_db_url, check_export_out, check_tune_options, problems_from_args
 from .report import performance, render_table, terminal_text, to_json, tune_summary, tune_table
@@ -211,10 +211,16 @@ def cmd_show(args) -> int:
         raise InvalidConfigError(f"the stored winner for {problem} is invalid: {invalid[0].describe()}")
     if not matches:
         raise NotTunedError(f"nothing stored for {problem}" + (f" on {gpu}" if gpu else ""))
+    if args.arch:
+        from .export import arch_to_cc
+        cc = arch_to_cc(args.arch)
+        matches = [(s, w) for s, w in matches if w.device.compute_capability == cc]
+        if not matches:
+            raise NotTunedError(f"nothing stored for {problem} on {args.arch}")
     if len(matches) > 1:
-        names = ", ".join(sorted({w.device.name for _, w in matches}))
-        raise UsageError(f"{problem} is tuned on several GPUs ({names}); pick one with --gpu")
-    source, winner = matches[0]
+        source, winner = _most_tuned(args.db, family, matches)
+    else:
+        source, winner = matches[0]
     try:
         config = family.space.check(winner.trial.params)
     except InvalidConfigError as exc:
@@ -282,6 +288,7 @@ def cmd_export(args) -> int:
     result = export(ExportRequest(args.family, out, gpu=args.gpu, arch=args.arch, db_url=args.db,
                                   self_test=args.self_test))
     summary = result.summary()
+    _note_passed_over(summary["gpu"], [(o["gpu"], o["shapes"]) for o in summary["also_tuned_on"]])
     if args.self_test and not summary["self_test_hook"]:
         print(f"autogen: note: {args.family} has no self-test hook yet; the self-test skips it", file=sys.stderr)
     if args.json:
@@ -301,6 +308,26 @@ def cmd_db(args) -> int:
     revision = upgrade(args.db)
     print(f"database at revision {revision}")
     return 0
+
+
+def _most_tuned(db_url, family, matches):
+    """The (source, winner) among several GPUs' winners of one problem: the GPU with the most
+    tuned shapes of the family (tuning_db.most_tuned_gpu, the rule export follows), noted on stderr."""
+    from tuning_db import most_tuned_gpu
+
+    gpus = {w.device.name for _, w in matches}
+    found, _ = _winners(db_url, family=family.name)
+    (first, *_), passed_over = most_tuned_gpu([w for _, w in found if w.device.name in gpus])
+    _note_passed_over(first.device.name, passed_over)
+    return next((s, w) for s, w in matches if w.device.name == first.device.name)
+
+
+def _note_passed_over(chosen: str, passed_over) -> None:
+    """One stderr line naming the GPUs a request matched but the rule passed over."""
+    if passed_over:
+        others = "; ".join(f"{terminal_text(name)!r} ({count} shapes)" for name, count in passed_over)
+        print(f"autogen: note: chose {terminal_text(chosen)!r}, the GPU with the most tuned shapes; also tuned on "
+              f"{others}: pick one with --gpu NAME", file=sys.stderr)
 
 
 def _report_invalid(invalid) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tuning_db import TuningDB
 from tuning_db.engine import display_url
-from tuning_db.records import DeviceIdentity, WinnerRecord, one_per_problem
+from tuning_db.records import DeviceIdentity, WinnerRecord, most_tuned_gpu, one_per_problem
 
 from . import __version__
 from .errors import GpuUnavailableError, InvalidConfigError, NotTunedError, UsageError
@@ -146,6 +146,7 @@ class ExportResult:
     model: ExportModel
     out: Path
     files: tuple[Path, ...]
+    passed_over: tuple[tuple[str, int], ...] = ()  # other GPUs of the arch: (name, tuned shapes)
 
     def summary(self) -> dict:
         """What was exported, for --json and the text report."""
@@ -164,6 +165,7 @@ class ExportResult:
                             "speedup": round(s.speedup, 3) if s.speedup else None} for s in e.shapes],
             } for e in model.entries],
             "variants": [v.kernel_name for v in model.variants],
+            "also_tuned_on": [{"gpu": name, "shapes": count} for name, count in self.passed_over],
         }
 
 
@@ -196,16 +198,17 @@ def cc_to_arch(cc: str, gpu_name: str) -> str:
 
 
 def choose_target(db: TuningDB, family: Family, gpu: str | None, arch: str | None,
-                  detect: Callable[[], DeviceIdentity | None] | None = None) -> list[WinnerRecord]:
+                  detect: Callable[[], DeviceIdentity | None] | None = None
+                  ) -> tuple[list[WinnerRecord], list[tuple[str, int]]]:
     """The winners to export: those of one GPU, chosen by --gpu, --arch, this machine's GPU
-    (`detect`, default local_device), or the database's only GPU."""
+    (`detect`, default local_device), or the database's only GPU. Where several GPUs of one
+    architecture match (`--arch sm_90`, an H100 and an H200), the one with the most tuned shapes
+    (tuning_db.most_tuned_gpu); the GPUs passed over come back with it."""
     cc = arch_to_cc(arch) if arch else None
     if gpu is None and arch is None:
         here = (detect or local_device)()
         if here is not None:
             gpu, cc = here.name, here.compute_capability
-        else:
-            gpu, cc = _only_gpu(db)
     winners, invalid = db.winners_checked(family=family.name, gpu_name=gpu, compute_capability=cc)
     if invalid:  # never export around a row that cannot be read: it may be the one that matters
         more = f" (and {len(invalid) - 1} more invalid row(s))" if len(invalid) > 1 else ""
@@ -219,22 +222,11 @@ def choose_target(db: TuningDB, family: Family, gpu: str | None, arch: str | Non
                             f"`autogen tune {family.name} ...` on that GPU first, or pick another "
                             f"with --gpu or --arch (`autogen list` shows what is stored)")
     devices = sorted({(w.device.name, w.device.compute_capability) for w in winners})
-    if len(devices) > 1:
-        listed = "; ".join(f"{name!r} (cc {c})" for name, c in devices)
+    if len({c for _, c in devices}) > 1:  # the architecture decides the build: never guessed
+        listed = "; ".join(f"{name!r} (cc {c}, --arch {cc_to_arch(c, name)})" for name, c in devices)
         raise UsageError(f"{family.name} is tuned on several GPUs matching the request ({listed}); "
-                         "pick one with --gpu (and --arch)")
-    return winners
-
-
-def _only_gpu(db: TuningDB) -> tuple[str, str]:
-    gpus = sorted({(w.device.name, w.device.compute_capability) for w in db.winners()})
-    if not gpus:
-        raise NotTunedError(f"nothing is tuned in {display_url(db.url)}; run `autogen tune ...` first")
-    if len(gpus) > 1:
-        listed = "; ".join(f"{name!r} (cc {cc})" for name, cc in gpus)
-        raise UsageError(f"no GPU on this machine and the database holds several ({listed}); "
                          "pick one with --gpu NAME or --arch sm_XY")
-    return gpus[0]
+    return most_tuned_gpu(winners)
 
 
 # -- checking what the database says --------------------------------------------------------------
@@ -456,13 +448,13 @@ def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] |
         raise UsageError(f"--out {out} is a file; give a folder")
     with TuningDB(request.db_url, readonly=True) as db:  # export only reads: nothing is created
         try:
-            winners = choose_target(db, family, request.gpu, arch, detect)
+            winners, passed_over = choose_target(db, family, request.gpu, arch, detect)
         except NotTunedError:
             # Nothing of the user's own: export what autogen ships (a fresh machine, no GPU).
             shipped = pretuned_db()
             if shipped is None or not shipped.winners(family=family.name):
                 raise
-            winners = choose_target(shipped, family, request.gpu, arch, detect)
+            winners, passed_over = choose_target(shipped, family, request.gpu, arch, detect)
     model = build_model(family, winners, arch, request.self_test)
     files = render_files(model)
-    return ExportResult(model, out, write_files(files, out))
+    return ExportResult(model, out, write_files(files, out), tuple(passed_over))

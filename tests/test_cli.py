@@ -109,10 +109,19 @@ def test_list_show_and_db_upgrade_read_the_database(db_url, capsys, monkeypatch)
     shipped = [r for r in listed if r["source"] == "shipped"]
     assert shipped and H100.name in {r["gpu"] for r in shipped}
     assert (H100.name, "m=16384,n=16") not in {(r["gpu"], r["shape"]) for r in shipped}
-    # Two GPUs and none of them this machine's (on an H100 the local GPU would pick its own): ambiguous.
+    # Two GPUs and none of them this machine's (on an H100 the local GPU would pick its own): the
+    # stated rule picks the GPU with the most tuned sgemv shapes (the H100: the shipped catalog's
+    # too) and names the other.
     monkeypatch.setattr(commands, "_local_gpu_name", lambda: None)
-    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url]) == 2
-    assert "pick one with --gpu" in capsys.readouterr().err
+    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["provenance"]["gpu"] == H100.name
+    assert "the GPU with the most tuned shapes" in captured.err and A100.name in captured.err
+    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url, "--arch", "sm_80", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["provenance"]["gpu"] == A100.name
+    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url, "--arch", "sm_75"]) == 1
+    assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url, "--arch", "hopper"]) == 2
+    capsys.readouterr()
     assert main(["show", "sgemv", "--m", "16384", "--n", "16", "--db", db_url, "--gpu", H100.name, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["provenance"]["driver_version"] == H100.driver_version

@@ -427,7 +427,7 @@ def test_gpu_and_arch_select_the_winners(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(export_module, "local_device", lambda: None)
     assert run_export("sgemv", "--out", str(tmp_path / "none"), "--db", url) == 2
     err = capsys.readouterr().err
-    assert "pick one with --gpu" in err and H100.name in err and A100.name in err
+    assert "pick one with --gpu" in err and H100.name in err and A100.name in err and "--arch sm_80" in err
     assert run_export("sgemv", "--out", str(tmp_path / "a100"), "--gpu", A100.name, "--db", url) == 0
     assert "ARCH ?= sm_80" in (tmp_path / "a100" / "Makefile").read_text()
     assert A100.name in (tmp_path / "a100" / "autogen_sgemv.h").read_text()
@@ -589,3 +589,26 @@ def test_selftest_error_matches_sgemv_py(error_harness, m, n, alpha, beta):
     poisoned[-1] = np.nan
     error, why = harness_error(error_harness, A, x, y_in, poisoned, alpha, beta)
     assert error == math.inf and "NaN/inf" in why
+
+
+def test_arch_with_two_gpus_of_it_takes_the_one_with_most_shapes(tmp_path, monkeypatch, capsys):
+    """`--arch sm_90` with an H100 and an H200 stored (as the shipped catalog holds): the GPU with
+    the most tuned shapes of the family is exported, ties to the first name, the other is named."""
+    h200 = DeviceIdentity("NVIDIA H200", "9.0", 132, 62914560, 13000, 13000, "13.0")
+    url = sgemv_db(f"sqlite:///{tmp_path / 'tuning.db'}", devices=(H100,))
+    with TuningDB(url) as db:  # the H200 holds one shape fewer than the H100
+        for (m, n), (params, time_us, peer) in list(SGEMV_WINNERS.items())[1:]:
+            store_winner(db, h200, "sgemv", {"m": m, "n": n}, params, time_us, peer)
+    monkeypatch.setattr(export_module, "local_device", lambda: None)
+    assert run_export("sgemv", "--out", str(tmp_path / "sm90"), "--arch", "sm_90", "--db", url, "--json") == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["gpu"] == H100.name
+    assert summary["also_tuned_on"] == [{"gpu": h200.name, "shapes": len(SGEMV_WINNERS) - 1}]
+    assert "the GPU with the most tuned shapes" in captured.err and h200.name in captured.err
+    with TuningDB(url) as db:  # level: the name that sorts first
+        params, time_us, peer = next(iter(SGEMV_WINNERS.values()))
+        (m, n) = next(iter(SGEMV_WINNERS))
+        store_winner(db, h200, "sgemv", {"m": m, "n": n}, params, time_us, peer)
+    assert run_export("sgemv", "--out", str(tmp_path / "tie"), "--arch", "sm_90", "--db", url, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["gpu"] == H100.name

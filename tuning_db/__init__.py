@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 _RECORDS = ("Claim", "ClaimRecord", "DeviceIdentity", "InvalidRow", "TrialRecord", "ValidationRecord", "WinnerRecord",
-            "one_per_problem")
+            "most_tuned_gpu", "one_per_problem")
 _ENGINE = ("CorruptDatabaseError", "DatabaseError", "InvalidRowError", "current_revision", "default_url", "upgrade")
 _REPOSITORY = ("TuningDB",)
 

@@ -116,6 +116,20 @@ def one_per_problem(winners: "list[WinnerRecord] | tuple[WinnerRecord, ...]") ->
     return [w for w in winners if id(w) in keep]
 
 
+def most_tuned_gpu(winners: "list[WinnerRecord] | tuple[WinnerRecord, ...]") -> tuple[list[WinnerRecord], list[tuple[str, int]]]:
+    """Where the winners of several GPUs answer one request (`--arch sm_90` with an H100 and an
+    H200 stored), the stated rule: the GPU holding the most of them, ties to the name that sorts
+    first. Returns that GPU's winners (in order) and the GPUs passed over as (name, count)."""
+    counts: dict[tuple[str, str], int] = {}
+    for winner in winners:
+        key = (winner.device.name, winner.device.compute_capability)
+        counts[key] = counts.get(key, 0) + 1
+    ranked = sorted(counts, key=lambda key: (-counts[key], key))
+    chosen = ranked[0] if ranked else None
+    kept = [w for w in winners if (w.device.name, w.device.compute_capability) == chosen]
+    return kept, [(name, counts[(name, cc)]) for name, cc in ranked[1:]]
+
+
 @dataclass(frozen=True)
 class ClaimRecord:
     """A variant claimed by a worker sharing the database (see TuningDB.claim)."""
