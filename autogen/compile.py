@@ -28,7 +28,10 @@ def _nvrtc():
         from cupy_backends.cuda.libs import nvrtc
         nvrtc.getVersion()
     except Exception as exc:  # ImportError, or the NVRTC library missing
-        raise GpuUnavailableError(f"NVRTC is not available through CuPy: {exc}".splitlines()[0]) from None
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise GpuUnavailableError(f"NVRTC is not available through CuPy ({reason}); install autogen with the "
+                                  "extra of your driver's CUDA major, e.g. pip install 'autogen-cuda[cuda13]', "
+                                  "which brings NVRTC and cuBLAS as wheels") from None
     return nvrtc
 
 
