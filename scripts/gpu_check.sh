@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 # families (reduce/softmax), quality (search strategies against exhaustive search), and the
 # benchmarks of the families and features added since: sgemm, hgemv, elementwise,
 # histogram_copy_if, speed (tuning wall time with phases), pdl (programmatic dependent launch),
-# multi_gpu (needs two GPUs). Each bench stage stores its winners in $GRID_DB or its own database
+# multi_gpu (needs two GPUs), driver_only (a fresh venv from wheels, the system toolkit hidden). Each bench stage stores its winners in $GRID_DB or its own database
 # under OUT_DIR; scripts/catalog_from.py turns them into the shipped catalog of the GPU.
 stages=${STAGES:-tests pretuned bench dispatch families}
 grid_db=${GRID_DB:-sqlite:///$out/pretuned.db}
@@ -58,6 +58,7 @@ for stage in $stages; do
     speed) run_stage speed python3 scripts/bench_tune_speed.py --out "$out/speed" ;;
     pdl) run_stage pdl python3 scripts/bench_pdl.py --out "$out/pdl" ;;
     multi_gpu) run_stage multi_gpu python3 scripts/bench_multi_gpu.py --out "$out/multi_gpu" ;;
+    driver_only) run_stage driver_only scripts/driver_only_install.sh "$out/driver_only" ;;
     *) echo "unknown stage $stage" >&2; status=1 ;;
   esac
 done
