@@ -44,6 +44,11 @@ def reached(roots: list[str]) -> dict[str, metadata.Distribution]:
     return found
 
 
+# Written by the installer, not shipped in a wheel (RECORD is written anew below). A vendored
+# package's own dist-info (setuptools/_vendor/...) is deeper and is kept as it is.
+INSTALL_TIME_FILES = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
+
+
 def wheel_tag(dist: metadata.Distribution) -> str:
     text = dist.read_text("WHEEL") or ""
     tags = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:")]
@@ -64,8 +69,10 @@ def repack(dist: metadata.Distribution, out: Path) -> Path:
             posix = file.as_posix()
             if posix.startswith("..") or "__pycache__" in posix:  # scripts are made anew; bytecode too
                 continue
-            if posix.endswith(".dist-info/RECORD"):
-                record_name = posix
+            folder, _, base = posix.partition("/")
+            if folder.endswith(".dist-info") and base in INSTALL_TIME_FILES:  # the install writes these
+                if base == "RECORD":
+                    record_name = posix
                 continue
             data = Path(file.locate()).read_bytes()
             wheel.writestr(posix, data)
