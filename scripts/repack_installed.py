@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name
 
 
@@ -50,9 +51,11 @@ INSTALL_TIME_FILES = ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json")
 
 
 def wheel_tag(dist: metadata.Distribution) -> str:
+    """The wheel's tag this interpreter accepts (a py2.py3 wheel lists py2 first)."""
     text = dist.read_text("WHEEL") or ""
     tags = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:")]
-    return tags[0] if tags else "py3-none-any"
+    supported = {str(tag) for tag in sys_tags()}
+    return next((tag for tag in tags if tag in supported), "py3-none-any")
 
 
 def record_hash(data: bytes) -> str:
