@@ -33,15 +33,6 @@ def recording():
     return load(ASSET)
 
 
-@pytest.fixture(autouse=True)
-def no_shipped_catalog(monkeypatch):
-    from autogen import pretuned
-    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
-    pretuned.pretuned_db.cache_clear()
-    yield
-    pretuned.pretuned_db.cache_clear()
-
-
 def tune(db_url, recording, progress, trials=12):
     return Tuner(PROBLEM, TuneOptions(db_url=db_url, workers=1, trials=trials), progress=progress,
                  backend_factory=lambda *_args: ReplayBackend(recording)).run()
