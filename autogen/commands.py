@@ -45,13 +45,20 @@ def cmd_tune(args) -> int:
     else:
         require_gpu()  # through the driver: a tune answered from the database imports no CuPy
 
+    from .progress import ProgressOutput
+    # On a terminal, a bar per problem instead of a line per trial; never with --json.
+    progress = ProgressOutput(sys.stderr, bars=False if args.json else None)
+
     def show(result) -> None:  # each table as its problem finishes (several GPUs: in that order)
+        progress.finish(str(result.problem))
         if not args.json:
-            print(tune_table(tune_summary(result)) + ("\n" if len(problems) > 1 else ""), flush=True)
+            with progress.aside():
+                print(tune_table(tune_summary(result)) + ("\n" if len(problems) > 1 else ""), flush=True)
 
     try:
-        documents = [tune_summary(result) for result in tune_problems(problems, options, on_result=show)]
+        documents = [tune_summary(result) for result in tune_problems(problems, options, progress, on_result=show)]
     finally:
+        progress.close()
         from .backend import discard_prestarted
         discard_prestarted()  # unused when the database answered
     if args.json:

@@ -45,6 +45,7 @@ from .backend import GpuBackend
 from .errors import UsageError
 from .helper import HelpRequest, HelperProcess
 from .problem import Problem
+from .progress import TrialDone
 from .tuner import TuneOptions, TuneResult, Tuner
 
 
@@ -119,9 +120,12 @@ class MultiGpu:
         self.started = time.monotonic()
 
     def _progress_for(self, problem: Problem) -> Callable[[str], None]:
-        def report(message: str) -> None:
+        def report(message) -> None:  # a line, or a TrialDone (autogen.progress)
             gpu = getattr(threading.current_thread(), "gpu", None)
-            self.progress((f"[gpu {gpu}] " if gpu is not None else "") + message)
+            if isinstance(message, TrialDone):
+                self.progress(message.on_gpu(gpu))
+            else:
+                self.progress((f"[gpu {gpu}] " if gpu is not None else "") + message)
         return report
 
     def run(self) -> list[TuneResult]:

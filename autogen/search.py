@@ -30,6 +30,7 @@ from .errors import CompileError, UsageError
 from .finish import trial_from_outcome
 from .measure import time_into
 from .problem import Config, Problem
+from .progress import TrialDone
 from .render import render, source_hash
 from .space import Space
 
@@ -519,12 +520,11 @@ class SearchLoop:
 
     def _report(self, record: TrialRecord) -> None:
         done = self.counts.measured + self.counts.failed
-        if record.status == "ok":
-            best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=record.time_us)
-            self.progress(f"[{done}/{self.options.trials}] {record.kernel_name}: {record.time_us:.2f} us "
-                          f"(best {best:.2f} us)")
-        else:
-            self.progress(f"[{done}/{self.options.trials}] {record.kernel_name}: FAILED {record.reason[:160]}")
+        best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
+        stored = sum(1 for t in self.stored.values() if t.status != "rejected")
+        ok = record.status == "ok"
+        self.progress(TrialDone(str(self.problem), done, stored, self.options.trials, record.kernel_name,
+                                record.time_us if ok else None, best, "" if ok else record.reason))
 
     def _unmeasured(self, points: list[dict]) -> int:
         configs = (self.family.space.check(p) for p in points)

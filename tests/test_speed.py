@@ -192,3 +192,44 @@ def test_children_start_with_one_blas_thread_and_the_parent_is_unchanged(monkeyp
         seen = pool.apply(_thread_settings)
     assert seen == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}
     assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["OMP_NUM_THREADS"] == "3"
+
+
+# Run in a fresh interpreter: `autogen tune` answered from the database, the GPU's identity
+# given (as the driver and the stack record give it on a GPU machine), then the libraries that
+# were imported.
+WARM_ANSWER = r"""
+import json, sys
+from pathlib import Path
+from tuning_db.records import DeviceIdentity
+from autogen import cli, gpu
+device = DeviceIdentity(**json.loads(Path(sys.argv[1]).read_text())["device"])
+gpu.require_gpu = lambda: None
+gpu.identity_for_lookup = lambda: device
+code = cli.main(["tune", "sgemv", "--m", "8192", "--n", "16", "--trials", "12", "--db", sys.argv[2]])
+print(json.dumps({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+"""
+# What the answer from the database must not import: the GPU's, the search's and the
+# progress bars' libraries, Alembic (a database at the head revision needs no migration).
+NOT_ON_THE_WARM_PATH = {"cupy", "optuna", "alembic", "tqdm", "torch"}
+
+
+def test_a_warm_answer_imports_no_gpu_search_or_migration_library(db_url, recording, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from conftest import checkout_env
+
+    tune(db_url, Counting(recording), trials=12)
+    env = {**checkout_env(), "AUTOGEN_NO_PRESTART": "1", "AUTOGEN_NO_PRETUNED": "1"}
+
+    def answer() -> dict:
+        done = subprocess.run([sys.executable, "-c", WARM_ANSWER, str(ASSET), db_url], env=env, text=True,
+                              capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "answered from the database" in done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first = answer()  # renders the winner for the stale check, and remembers its source hash
+    assert first["code"] == 0 and not NOT_ON_THE_WARM_PATH & set(first["modules"])
+    again = answer()
+    assert again["code"] == 0 and not (NOT_ON_THE_WARM_PATH | {"jinja2"}) & set(again["modules"])
