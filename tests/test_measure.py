@@ -7,6 +7,7 @@ import pytest
 
 from autogen.family import get_family
 from autogen.measure import Timing, relative_error, validate
+from family_checks import judged_with_output
 
 SGEMV = get_family("sgemv")
 
@@ -171,18 +172,6 @@ def test_timing_sets_of_a_small_problem_are_one_host_set_uploaded_to_each_buffer
 # -- the rule: the family's tolerance plus what the output type costs the reference ----------------
 
 
-def _judged(family, problem, inputs, output):
-    """judge() on `inputs` with their output replaced by `output` (stored as the output's type)."""
-    from autogen.dtypes import to_storage
-    from autogen.measure import judge
-
-    expected = family.reference(problem, inputs, np)
-    magnitude = family.reference_magnitude(problem, inputs, np)
-    name = family.outputs[0]
-    inputs[name][...] = to_storage(np, output, problem.dtype)
-    return judge(family, problem, inputs, expected, magnitude, np)
-
-
 def test_rounding_error_is_the_error_of_the_correctly_rounded_reference():
     from autogen.measure import rounding_error
 
@@ -225,18 +214,18 @@ def test_a_correctly_rounded_subnormal_output_passes_and_a_chopped_one_fails():
     rng = np.random.default_rng(1)
     inputs = softmax.make_inputs(problem, np, rng, {"values": "uniform"})
     ref = softmax.reference(problem, inputs, np)
-    error, reason = _judged(softmax, problem, inputs, ref)
+    error, reason = judged_with_output(softmax, problem, inputs, ref)
     assert reason == "" and error > softmax.tolerance_for(problem)  # failed the fixed 1e-3 before
     chopped = ref.astype(np.float16)
     away = np.abs(chopped.astype(np.float64)) > np.abs(ref)
     chopped[away] = np.nextafter(chopped[away], np.float16(0))  # rounded toward zero: twice the error
-    error, reason = _judged(softmax, problem, inputs, chopped.astype(np.float64))
+    error, reason = judged_with_output(softmax, problem, inputs, chopped.astype(np.float64))
     assert "relative L2 error" in reason and "the reference rounded to the output type" in reason
-    error, reason = _judged(softmax, problem, inputs, ref * 1.003)
+    error, reason = judged_with_output(softmax, problem, inputs, ref * 1.003)
     assert reason, error
     nan = ref.copy()
     nan[1, 7] = np.nan
-    error, reason = _judged(softmax, problem, inputs, nan)
+    error, reason = judged_with_output(softmax, problem, inputs, nan)
     assert math.isnan(error) and "NaN" in reason
 
 
@@ -245,8 +234,8 @@ def test_fp32_outputs_keep_the_tolerance_alone():
     problem = softmax.problem("float32", rows=2, cols=100_003)
     inputs = softmax.make_inputs(problem, np, np.random.default_rng(2), {"values": "uniform"})
     ref = softmax.reference(problem, inputs, np)
-    assert _judged(softmax, problem, inputs, ref * (1 + 5e-6)) == (pytest.approx(5e-6), "")
-    error, reason = _judged(softmax, problem, inputs, ref * (1 + 2e-5))
+    assert judged_with_output(softmax, problem, inputs, ref * (1 + 5e-6)) == (pytest.approx(5e-6), "")
+    error, reason = judged_with_output(softmax, problem, inputs, ref * (1 + 2e-5))
     assert reason == f"relative L2 error {error:.3g} > 1e-05"
 
 
