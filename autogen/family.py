@@ -107,7 +107,9 @@ class Family:
     # (templates rendered with host_launcher=True define `<kernel_name>_launch(c_params, stream)`).
     c_params: str
     c_headers: tuple[str, ...] = ("cuda_runtime.h",)
-    tolerance: float = 1e-5  # relative L2 error allowed against the float64 reference
+    # Relative L2 error allowed against the float64 reference: the arithmetic's share; a half
+    # output may exceed it by its type's own rounding of the reference (representable_error).
+    tolerance: float = 1e-5
     description: str = ""
     # What bounds the family: "memory" (bytes over the measured copy bandwidth) or "compute"
     # (flops over the measured FP32 FMA peak); reports state the share of that floor.
@@ -186,7 +188,7 @@ class Family:
 
     def tolerance_for(self, problem: Problem) -> float:
         """The relative error a variant may show on this problem (families with several dtypes
-        may differ per dtype)."""
+        may differ per dtype), before what half outputs' types add (representable_error)."""
         return self.tolerance
 
     def default_config(self, problem: Problem | None = None) -> Config:
