@@ -15,3 +15,18 @@ def checked_seeds(family, problem, large: bool) -> list:
         if large:
             assert family.reject_reason(problem, seed) is None
     return seeds
+
+
+def judged_with_output(family, problem, inputs: dict, output):
+    """autogen.measure.judge of `inputs` with the family's (one) output set to the float64 values
+    `output`, stored as the output's type: (error, why it fails or "")."""
+    import numpy as np
+
+    from autogen.dtypes import to_storage
+    from autogen.measure import judge
+
+    expected = family.reference(problem, inputs, np)
+    magnitude = family.reference_magnitude(problem, inputs, np)
+    name = family.outputs[0]
+    inputs[name][...] = to_storage(np, output, problem.dtype)
+    return judge(family, problem, inputs, expected, magnitude, np)

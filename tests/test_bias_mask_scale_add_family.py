@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autogen.dtypes import to_float64
+from autogen.dtypes import to_float64, to_storage
 from autogen.errors import UsageError
 from autogen.family import get_family
 from autogen.render import render
-from family_checks import checked_seeds
+from family_checks import checked_seeds, judged_with_output
 from nvcc_tools import nvcc_or_skip
 from test_export import H100, WERROR, build_library, run, run_export, store_winner
 from test_gelu_family import bulk_visits, sweep_visits
@@ -105,6 +105,41 @@ def test_reference_inputs_and_poison(dtype):
             assert ref[i] == pytest.approx(want, rel=1e-15, abs=1e-15)
             assert magnitude[i] == pytest.approx(abs(x[i] + bias[i % bias_size]) * m + abs(addend[i]), rel=1e-15)
         assert ref.dtype == np.float64 and (magnitude >= np.abs(ref) - 1e-12).all()
+
+
+def _rounded_toward_zero(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values stored as `dtype` by truncation (a kernel that chops instead of rounding)."""
+    nearest = to_float64(np, to_storage(np, values, dtype), dtype)
+    away = np.abs(nearest) > np.abs(values)
+    bits = to_storage(np, nearest, dtype).view(np.uint16) if dtype == "float16" else to_storage(np, nearest, dtype)
+    bits = np.where(away, bits - np.uint16(1), bits).astype(np.uint16)  # one unit toward zero, either sign
+    return to_float64(np, bits.view(np.float16) if dtype == "float16" else bits, dtype)
+
+
+@pytest.mark.parametrize("dtype, limit", [("float16", 5e-6), ("bfloat16", 2.0**-130), ("bfloat16", 2.0)])
+def test_half_outputs_are_judged_against_their_types_rounding(dtype, limit):
+    # Operands within +-limit: fp16 and bf16 subnormal outputs (a fixed spacing, where the correct
+    # rounding is further from float64 than the dtype's tolerance), and bf16's normal range.
+    problem = FAMILY.problem(dtype, n=6000, bias_size=40)
+    case = FAMILY.validation_cases(problem)[0]  # scale 1/0.9: outputs off the inputs' grid
+    inputs = FAMILY.make_inputs(problem, np, np.random.default_rng(8), case)
+    rng = np.random.default_rng(9)
+    for name in ("x", "bias", "addend"):
+        inputs[name][...] = to_storage(np, (rng.random(inputs[name].size) - 0.5) * 2 * limit, dtype)
+    ref = FAMILY.reference(problem, inputs)
+    tolerance = FAMILY.tolerance_for(problem)
+    error, reason = judged_with_output(FAMILY, problem, inputs, ref)
+    assert reason == "" and (error > tolerance) == (limit < 1), error
+    # Truncated instead of rounded: twice the rounding error, over the rule where rounding is
+    # what counts (subnormals); within the bf16 tolerance in the normal range, as before.
+    error, reason = judged_with_output(FAMILY, problem, inputs, _rounded_toward_zero(ref, dtype))
+    assert bool(reason) == (limit < 1), (error, reason)
+    magnitude = FAMILY.reference_magnitude(problem, inputs)
+    allowed = tolerance + FAMILY.representable_error(problem, inputs, ref, magnitude, np)
+    assert judged_with_output(FAMILY, problem, inputs, ref * (1 + 3 * allowed))[1]
+    nan = ref.copy()
+    nan[-1] = np.nan
+    assert "NaN" in judged_with_output(FAMILY, problem, inputs, nan)[1]
 
 
 def test_kernel_arguments_carry_the_scale_as_float32():

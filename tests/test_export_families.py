@@ -248,7 +248,8 @@ int family(const std::string& mode, const std::vector<long long>& args)
 
 SOFTMAX_CODE = r"""
 // inputs rows cols case seed: x, the poisoned y, the reference.
-// error rows cols case seed < y: the error of y against the inputs of that case, and why.
+// error rows cols case seed < y: the error of y against the inputs of that case, why, the rounding
+// floor the check adds to kTolerance, and kTolerance.
 template <class W, class E>
 int family(const std::string& mode, const std::vector<long long>& args)
 {
@@ -266,8 +267,9 @@ int family(const std::string& mode, const std::vector<long long>& args)
     }
     if (mode != "error" || !read_bits(y)) return 2;
     std::string why;
-    const double error = W::output_error(x, y, rows, cols, &why);
-    std::printf("%.17g\n%s\n", error, why.c_str());
+    double floor = -1.0;
+    const double error = W::output_error(x, y, rows, cols, &why, &floor);
+    std::printf("%.17g\n%s\n%.17g %.17g\n", error, why.c_str(), floor, W::kTolerance);
     return 0;
 }
 """
@@ -402,8 +404,14 @@ def test_softmax_inputs_poison_and_reference(harnesses, dtype):
 
 
 def softmax_error(binary: Path, dtype: str, rows: int, cols: int, case: int, seed: int, y: np.ndarray):
+    return softmax_judged(binary, dtype, rows, cols, case, seed, y)[:2]
+
+
+def softmax_judged(binary: Path, dtype: str, rows: int, cols: int, case: int, seed: int, y: np.ndarray):
+    """(error, why, rounding floor, kTolerance) of the hook's check of y."""
     lines = harness(binary, "error", dtype, rows, cols, case, seed, stdin=encode(y, dtype) + "\n")
-    return float(lines[0]), (lines[1] if len(lines) > 1 else "")
+    floor, tolerance = map(float, lines[2].split())
+    return float(lines[0]), lines[1], floor, tolerance
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -440,3 +448,28 @@ def test_softmax_error_passes_right_outputs_and_catches_wrong_ones(harnesses, dt
                 bad[rows // 2] = wrong
                 error, why = softmax_error(binary, dtype, rows, cols, case, seed, bad)
                 assert error == math.inf and "reference is NaN" in why, (wrong, why)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_softmax_selftest_allows_fp16_outputs_their_rounding_on_vocabulary_rows(harnesses, dtype):
+    # A tuned 32 x 128256 fp16 shape is checked by the self-test too: its probabilities are fp16
+    # subnormals, and the hook adds the reference's own fp16 rounding to kTolerance, as autogen's
+    # validation does (the same floor); fp32 outputs get nothing added.
+    family = get_family("softmax")
+    binary = harnesses["softmax"]
+    rows, cols, seed = 2, 128256, 41
+    x = decode(harness(binary, "inputs", dtype, rows, cols, 0, seed)[0], dtype).reshape(rows, cols)
+    problem = family.problem(dtype, rows=rows, cols=cols)
+    inputs = {"x": x.astype(dtype), "y": np.full((rows, cols), np.nan, dtype)}
+    ref = family.reference(problem, inputs)
+    error, why, floor, tolerance = softmax_judged(binary, dtype, rows, cols, 0, seed, ref)
+    assert why == "" and floor == pytest.approx(family.representable_error(problem, inputs, ref, None, np), rel=1e-9)
+    if dtype == "float32":
+        assert floor == 0.0 and error <= tolerance
+        return
+    assert tolerance < error <= tolerance + floor  # passes only with the floor
+    chopped = ref.astype(np.float16)
+    away = np.abs(chopped.astype(np.float64)) > ref
+    chopped[away] = np.nextafter(chopped[away], np.float16(0))
+    error, why, floor, tolerance = softmax_judged(binary, dtype, rows, cols, 0, seed, chopped.astype(np.float64))
+    assert why == "" and error > tolerance + floor

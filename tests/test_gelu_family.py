@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from autogen import export as export_module
-from autogen.dtypes import to_float64
+from autogen.dtypes import to_float64, to_storage
 from autogen.errors import UsageError
 from autogen.family import get_family
 from autogen.families import _elementwise as ew
 from autogen.families.gelu import gelu_reference, pack_constants
 from autogen.render import render
-from family_checks import checked_seeds
+from family_checks import checked_seeds, judged_with_output
 from nvcc_tools import nvcc_or_skip
 from test_export import H100, WERROR, build_library, run
 
@@ -133,6 +133,32 @@ def test_inputs_poisoned_spanning_the_tails_and_misaligned(dtype):
                 assert address % 16 == inputs[name].itemsize % 16 and inputs[name].base is not None
             else:
                 assert address % 16 == 0
+
+
+# Inputs whose GELU is below the half type's smallest normal (fp16 2^-14, bf16 2^-126), where
+# outputs are stored with a fixed spacing: the correctly rounded reference is then further from
+# float64 than the dtype's tolerance allows.
+SUBNORMAL_X = {"float16": 2e-5, "bfloat16": 2.0**-128}
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_outputs_in_the_subnormal_range_pass_when_correctly_rounded(dtype, approximate):
+    problem = FAMILY.problem(dtype, n=4096, approximate=approximate)
+    inputs = FAMILY.make_inputs(problem, np, np.random.default_rng(5), {"values": "uniform", "offset": 0})
+    tiny = (np.random.default_rng(6).random(4096) - 0.5) * 2 * SUBNORMAL_X[dtype]
+    inputs["x"][...] = to_storage(np, tiny, dtype)
+    ref = FAMILY.reference(problem, inputs, np)
+    error, reason = judged_with_output(FAMILY, problem, inputs, ref)
+    assert reason == "" and error > FAMILY.tolerance_for(problem), error  # failed the fixed tolerance before
+    # Off by three times what the rule allows: fails.
+    magnitude = FAMILY.reference_magnitude(problem, inputs, np)
+    allowed = FAMILY.tolerance_for(problem) + FAMILY.representable_error(problem, inputs, ref, magnitude, np)
+    error, reason = judged_with_output(FAMILY, problem, inputs, ref * (1 + 3 * allowed))
+    assert "the reference rounded to the output type" in reason, error
+    nan = ref.copy()
+    nan[100] = np.nan
+    assert "NaN" in judged_with_output(FAMILY, problem, inputs, nan)[1]
 
 
 def test_pack_constants_are_the_rounded_values_twice():

@@ -313,6 +313,27 @@ def test_tolerance_passes_the_rounded_reference_and_catches_real_bugs(dtype):
         assert "NaN" in reason
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_validation_allows_the_rounding_of_y_to_its_type_on_top(dtype):
+    # The shared rule (autogen.measure.judge): past the tolerance, y may be off by what the
+    # float64 reference loses when rounded to y's type, measured against hgemv's own magnitude.
+    from autogen.measure import judge, relative_error
+
+    problem = FAMILY.problem(dtype, m=300, n=64, batch=2)
+    inputs = FAMILY.make_inputs(problem, np, np.random.default_rng(4), FAMILY.validation_cases(problem)[0])
+    expected, magnitude = FAMILY.reference(problem, inputs), FAMILY.reference_magnitude(problem, inputs)
+    assert FAMILY.output_dtype(problem, inputs, "y", np) == dtype
+    rounded = to_float64(np, to_storage(np, expected, dtype), dtype)
+    floor = FAMILY.representable_error(problem, inputs, expected, magnitude, np)
+    assert floor == relative_error(np, rounded, expected, magnitude)[0]
+    assert 0 < floor < (2.0**-11 if dtype == "float16" else 2.0**-8)
+    inputs["y"] = to_storage(np, rounded, dtype)
+    assert judge(FAMILY, problem, inputs, expected, magnitude, np)[1] == ""
+    allowed = TOLERANCES[dtype] + floor
+    inputs["y"] = to_storage(np, expected * (1 + 2 * allowed), dtype)
+    assert judge(FAMILY, problem, inputs, expected, magnitude, np)[1].startswith("relative L2 error")
+
+
 def test_bytes_and_flops():
     problem = FAMILY.problem(m=4096, n=4096, batch=4)
     assert FAMILY.bytes_moved(problem, {"beta": 0.0}) == 2 * (4096 * 4096 + 4096 * 4 + 4096 * 4)

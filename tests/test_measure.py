@@ -1,9 +1,13 @@
 """Validation logic on the CPU: numpy stands in for the GPU (validate is xp-generic)."""
 
+import math
+
 import numpy as np
+import pytest
 
 from autogen.family import get_family
 from autogen.measure import Timing, relative_error, validate
+from family_checks import judged_with_output
 
 SGEMV = get_family("sgemv")
 
@@ -163,3 +167,84 @@ def test_timing_sets_of_a_small_problem_are_one_host_set_uploaded_to_each_buffer
     assert len(sets) > 1 and device.uploads == 3 * len(sets)
     first, last = sets[0], sets[-1]
     assert first["A"] is not last["A"] and np.array_equal(first["A"].data, last["A"].data)
+
+
+# -- the rule: the family's tolerance plus what the output type costs the reference ----------------
+
+
+def test_rounding_error_is_the_error_of_the_correctly_rounded_reference():
+    from autogen.measure import rounding_error
+
+    rng = np.random.default_rng(7)
+    ref = rng.uniform(4e-6, 1.3e-5, 50_000)  # fp16 subnormals: a fixed spacing of 2^-24
+    want = np.linalg.norm(ref.astype(np.float16).astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert rounding_error(np, ref, "float16") == want
+    assert 1e-3 < want < 3e-3  # over softmax's fp16 tolerance: no kernel can do better
+    # In the normal range the same rounding is a few 1e-4 at most; bfloat16 holds 8 bits.
+    assert rounding_error(np, rng.uniform(0.5, 1.0, 10_000), "float16") < 2.0**-11
+    assert 2.0**-11 < rounding_error(np, rng.uniform(0.5, 1.0, 10_000), "bfloat16") < 2.0**-8
+    # Relative to a magnitude when given, over the finite references only.
+    ref = np.array([1e-6, np.nan, 0.25])
+    assert rounding_error(np, ref, "float16", np.array([1.0, 1.0, 1.0])) == pytest.approx(
+        abs(float(np.float16(1e-6)) - 1e-6) / math.sqrt(2), rel=1e-12)
+    # A reference past the type's range leaves no output right: nothing is allowed for it.
+    assert rounding_error(np, np.array([1.0, 70000.0]), "float16") == 0.0
+
+
+def test_only_half_outputs_get_the_rounding_of_their_type():
+    softmax = get_family("softmax")
+    x = np.zeros((1, 100_003), np.float32)
+    for dtype, floor in (("float32", False), ("float16", True)):
+        problem = softmax.problem(dtype, rows=1, cols=100_003)
+        inputs = {"x": x.astype(dtype), "y": np.full(x.shape, np.nan, dtype)}
+        expected = softmax.reference(problem, inputs, np)
+        got = softmax.representable_error(problem, inputs, expected, None, np)
+        assert (got > 1e-3) if floor else got == 0.0, (dtype, got)
+    # reduce sums fp16 values into a float32 output: no half output, no floor.
+    reduce = get_family("reduce")
+    problem = reduce.problem("float16", n=5)
+    inputs = reduce.make_inputs(problem, np, np.random.default_rng(0), reduce.validation_cases(problem)[0])
+    assert reduce.output_dtype(problem, inputs, "out", np) == "float32"
+    assert reduce.representable_error(problem, inputs, np.array([1e-7]), None, np) == 0.0
+
+
+def test_a_correctly_rounded_subnormal_output_passes_and_a_chopped_one_fails():
+    softmax = get_family("softmax")
+    problem = softmax.problem("float16", rows=2, cols=100_003)  # probabilities near 1e-5: subnormals
+    rng = np.random.default_rng(1)
+    inputs = softmax.make_inputs(problem, np, rng, {"values": "uniform"})
+    ref = softmax.reference(problem, inputs, np)
+    error, reason = judged_with_output(softmax, problem, inputs, ref)
+    assert reason == "" and error > softmax.tolerance_for(problem)  # failed the fixed 1e-3 before
+    chopped = ref.astype(np.float16)
+    away = np.abs(chopped.astype(np.float64)) > np.abs(ref)
+    chopped[away] = np.nextafter(chopped[away], np.float16(0))  # rounded toward zero: twice the error
+    error, reason = judged_with_output(softmax, problem, inputs, chopped.astype(np.float64))
+    assert "relative L2 error" in reason and "the reference rounded to the output type" in reason
+    error, reason = judged_with_output(softmax, problem, inputs, ref * 1.003)
+    assert reason, error
+    nan = ref.copy()
+    nan[1, 7] = np.nan
+    error, reason = judged_with_output(softmax, problem, inputs, nan)
+    assert math.isnan(error) and "NaN" in reason
+
+
+def test_fp32_outputs_keep_the_tolerance_alone():
+    softmax = get_family("softmax")
+    problem = softmax.problem("float32", rows=2, cols=100_003)
+    inputs = softmax.make_inputs(problem, np, np.random.default_rng(2), {"values": "uniform"})
+    ref = softmax.reference(problem, inputs, np)
+    assert judged_with_output(softmax, problem, inputs, ref * (1 + 5e-6)) == (pytest.approx(5e-6), "")
+    error, reason = judged_with_output(softmax, problem, inputs, ref * (1 + 2e-5))
+    assert reason == f"relative L2 error {error:.3g} > 1e-05"
+
+
+def test_nan_never_passes_whatever_the_family_compare_says():
+    from types import SimpleNamespace
+
+    from autogen.measure import judge
+
+    family = SimpleNamespace(compare=lambda *args: (math.nan, ""), tolerance_for=lambda problem: 1.0,
+                             representable_error=lambda *args: math.inf)
+    error, reason = judge(family, None, {}, None, None, np)
+    assert math.isnan(error) and "relative L2 error nan" in reason

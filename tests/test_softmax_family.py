@@ -11,7 +11,7 @@ from conftest import nvrtc_usable
 from autogen.compile import compile_cubin
 from autogen.errors import UsageError
 from autogen.family import get_family
-from autogen.measure import relative_error
+from autogen.measure import relative_error, validate
 from autogen.render import render
 
 FAMILY = get_family("softmax")
@@ -125,6 +125,59 @@ def test_tolerances_per_dtype():
     exact = rng.random(4096)
     rounded = exact.astype(np.float16)
     assert relative_error(np, rounded, exact)[0] < 2.0**-11 < FAMILY.tolerance_for(FAMILY.problem("float16", rows=1, cols=1))
+
+
+def _fp32_softmax(inputs, rounding="nearest"):
+    """What a correct kernel computes: fp32 arithmetic, the output rounded once to y's type (or,
+    with rounding="toward_zero", chopped: a kernel that truncates instead of rounding)."""
+    x = inputs["x"].astype(np.float32)
+    with np.errstate(invalid="ignore"):  # the row of only -inf: NaN, as the reference
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        y = e / e.sum(axis=1, keepdims=True, dtype=np.float32)
+    out = y.astype(inputs["y"].dtype)
+    if rounding == "toward_zero":
+        away = np.abs(out.astype(np.float32)) > np.abs(y)
+        out[away] = np.nextafter(out[away], out.dtype.type(0))
+    inputs["y"][...] = out
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 128256), (3, 100003)])
+def test_vocabulary_rows_in_fp16_pass_when_correctly_rounded(rows, cols):
+    # Probabilities near 1/cols are fp16 subnormals (under 2^-14), stored with a fixed spacing of
+    # 2^-24: the float64 answer correctly rounded is already ~2e-3 from it, over the 1e-3 that
+    # failed every variant of `tune softmax --rows 32 --cols 128256 --dtype float16`.
+    problem = FAMILY.problem("float16", rows=rows, cols=cols)
+    check = validate(FAMILY, problem, _fp32_softmax, np, np.random.default_rng(3))
+    assert check.ok, check.reason
+    assert FAMILY.tolerance_for(problem) < check.error < 3e-3
+    # A kernel that truncates its fp16 output doubles that rounding error: it still fails.
+    check = validate(FAMILY, problem, lambda inputs: _fp32_softmax(inputs, "toward_zero"), np,
+                     np.random.default_rng(3))
+    assert not check.ok and "the reference rounded to the output type" in check.reason
+    # So does a result 0.5% off, and an element left unwritten.
+
+    def scaled(inputs):
+        _fp32_softmax(inputs)
+        inputs["y"] *= np.float16(1.005)
+    assert not validate(FAMILY, problem, scaled, np, np.random.default_rng(3)).ok
+
+    def one_unwritten(inputs):
+        _fp32_softmax(inputs)
+        inputs["y"][0, -1] = np.nan
+    check = validate(FAMILY, problem, one_unwritten, np, np.random.default_rng(3))
+    assert not check.ok and "NaN" in check.reason
+
+
+def test_fp32_vocabulary_rows_keep_the_fp32_tolerance():
+    problem = FAMILY.problem("float32", rows=1, cols=128256)
+    check = validate(FAMILY, problem, _fp32_softmax, np, np.random.default_rng(4))
+    assert check.ok and check.error < 1e-6
+
+    def off_by_2e5(inputs):
+        _fp32_softmax(inputs)
+        inputs["y"] *= np.float32(1 + 2e-5)
+    check = validate(FAMILY, problem, off_by_2e5, np, np.random.default_rng(4))
+    assert not check.ok and check.reason.endswith("> 1e-05")
 
 
 def test_bytes_moved_reads_and_writes_the_matrix_once():

@@ -18,7 +18,10 @@ MIN_BLOCK = 128  # threads per block when a row takes fewer: rows_per_block = bl
 # Relative L2 error allowed per dtype. fp32: the kernels use accurate expf and one division per
 # row, ~1e-7 from float64. fp16: the output itself is rounded to fp16, up to 2^-11 = 4.9e-4
 # relative per element, so 1e-3 allows that rounding and the fp32 arithmetic under it and little
-# else. tolerance_for gives measure.validate the bound of the problem's dtype.
+# else. Probabilities under fp16's smallest normal (2^-14: rows of over ~16,000 columns) are
+# stored with a fixed spacing; from ~60,000 columns that rounding alone exceeds 1e-3, and
+# validation adds it (measure.judge, Family.representable_error).
+# tolerance_for gives measure.validate the bound of the problem's dtype.
 TOLERANCES = {"float32": 1e-5, "float16": 1e-3}
 
 LARGE_SCALE = 1e4  # |x| < 5000: far past exp's fp32 range without max subtraction, inside fp16's 65504
