@@ -39,11 +39,16 @@ def cmd_tune(args) -> int:
                           cache_mode=args.cache, db_url=args.db, warm_start=not args.no_warm_start,
                           eval_timeout_s=args.eval_timeout, refresh=getattr(args, "refresh", False),
                           lease_s=args.lease, **({"workers": args.workers} if args.workers else {}))
-    check_options(options)
-    if gpus is not None:
-        options = replace(options, gpus=resolve_gpus(gpus, require_cupy().cuda.runtime.getDeviceCount()))
-    else:
-        require_gpu()  # through the driver: a tune answered from the database imports no CuPy
+    try:
+        check_options(options)
+        if gpus is not None:
+            options = replace(options, gpus=resolve_gpus(gpus, require_cupy().cuda.runtime.getDeviceCount()))
+        else:
+            require_gpu()  # through the driver: a tune answered from the database imports no CuPy
+    except BaseException:
+        from .backend import discard_prestarted
+        discard_prestarted()  # no GPU (say): stopped now, not left to outlive this process
+        raise
 
     def show(result) -> None:  # each table as its problem finishes (several GPUs: in that order)
         if not args.json:
