@@ -175,3 +175,30 @@ def test_shipped_catalog_shows_when_it_was_tuned(capsys, tmp_path):
     times = {e["trial"]["created_at"] for e in tuned} | {e.get("updated_at") for e in tuned}
     assert shown["provenance"]["tuned_at"] in times  # the catalog's own time, not today's
     assert not (tmp_path / "empty.db").exists()  # reading wrote nothing
+
+
+# -- terminal safety of tune's output (issue 34, point 7) -------------------------------------------
+
+
+def test_tune_table_escapes_a_stored_kernel_name():
+    from autogen.report import tune_table
+
+    evil = "sgemv_f32\x1b]0;owned\x07\x1b[2J"
+    doc = {"problem": {"family": "sgemv", "dtype": "float32", "shape": {"m": 64, "n": 64}}, "gpu": "GPU\x1b[31m",
+           "arch": "sm_90", "winner": {"kernel": evil, "params": {"x_path": "ldg\x1b[0m"}, "time_us": 1.0,
+                                       "spread_us": 0.1, "gb_per_s": 10.0, "tflop_per_s": None, "pct_of_floor": None,
+                                       "roofline": "memory", "peer": None},
+           "trials": {"measured": 1, "failed": 0, "rejected": 0, "reused": 0, "worker_restarts": 0},
+           "wall_s": 1.0, "database": "sqlite:///x\x1b[8m.db"}
+    shown = tune_table(doc)
+    assert "\x1b" not in shown and "\x07" not in shown and "\\x1b]0;owned\\x07" in shown
+
+
+@pytest.mark.parametrize("module", ["autogen.tuner", "autogen.distributed"])
+def test_tune_progress_lines_escape_stored_names(capsys, module):
+    import importlib
+
+    log = importlib.import_module(module)._log  # the default progress of tune() and of the CLI
+    log("kept the stored winner sgemv\x1b]0;owned\x07 (1.00 us): sgemv_x is not faster beyond its spread")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b]0;owned\\x07" in err and err.count("\n") == 1
