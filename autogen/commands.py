@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from .errors import InvalidConfigError, NotTunedError, UsageError
 from .family import get_family
-from .options import check_db_url, check_export_out, check_tune_options, problems_from_args
+from .options import (check_db_url, check_export_out, check_storing_db, check_tune_options, missing_sqlite_file,
+                      problems_from_args)
 from .report import performance, render_table, terminal_text, to_json, tune_summary, tune_table
 
 
@@ -27,6 +28,7 @@ def _family(args):
 
 def cmd_tune(args) -> int:
     check_tune_options(args)
+    check_storing_db(args.db, "tune")
     problems = problems_from_args(args, _family(args))
     if getattr(args, "gpus", None) is None:
         _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
@@ -137,6 +139,7 @@ def _winners(db_url, **filters):
     from tuning_db import TuningDB
 
     from .pretuned import WithCatalog
+    _note_missing_db(db_url)
     return WithCatalog(TuningDB(db_url, readonly=True)).labelled_winners(**filters)
 
 
@@ -284,6 +287,7 @@ def cmd_export(args) -> int:
     from .export import ExportRequest, export
 
     out = check_export_out(args.out)
+    _note_missing_db(args.db)
     result = export(ExportRequest(args.family, out, gpu=args.gpu, arch=args.arch, db_url=args.db,
                                   self_test=args.self_test))
     summary = result.summary()
@@ -303,9 +307,19 @@ def cmd_export(args) -> int:
 def cmd_db(args) -> int:
     from tuning_db import upgrade
 
+    check_storing_db(args.db, "db upgrade")
     revision = upgrade(args.db)
     print(f"database at revision {revision}")
     return 0
+
+
+def _note_missing_db(db_url: str | None) -> None:
+    """One stderr line where the --db file to read does not exist (it is not created: a read
+    never writes), so that an empty answer is not taken for an empty database."""
+    missing = missing_sqlite_file(db_url)
+    if missing is not None:
+        print(f"autogen: note: the database {terminal_text(missing)} does not exist (a read does not create it); "
+              "only the shipped catalog is read", file=sys.stderr)
 
 
 def _report_invalid(invalid) -> None:
