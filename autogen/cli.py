@@ -1,7 +1,11 @@
 """The `autogen` command. Results go to stdout (--json for machines); progress and errors to stderr.
 
 Exit codes: 0 success, 1 failure (no GPU, database trouble, nothing tuned), 2 usage error,
-130 interrupted.
+130 interrupted, 141 stdout's reader went away (`autogen list --json | head`), as for a process
+that SIGPIPE ends.
+
+Every usage error is one line on stderr, argparse's own (a bad choice, an unknown flag) included,
+and an option that takes a value is refused when given twice rather than its last value kept.
 
 The family is the first word after `tune`, `bench` and `show`; the parser is then built for that
 family alone, so `autogen tune sgemv --help` lists sgemv's dimensions, traits and dtypes only, and
@@ -16,10 +20,69 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import AutogenError
-from .options import dim_flag, int_list, strict_int
+from .errors import AutogenError, UsageError
+from .options import MAX_SHAPES_BYTES, dim_flag, int_list, signed_int, strict_float, strict_int, trait_text
 
 FAMILY_COMMANDS = ("tune", "bench", "show")
+COMMANDS = ("tune", "bench", "list", "show", "export", "db")
+STDOUT_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a process that SIGPIPE ended
+
+
+class CommandLineError(UsageError):
+    """What argparse itself found wrong, said in one line by main() with where to find help."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+_GIVEN = "_autogen_options_given"  # the namespace's record for _StoreOnce, removed after parsing
+
+
+class _StoreOnce(argparse._StoreAction):
+    """An option's value, refused when the option is given twice (`--m 1024 --m 2048`,
+    `--db a --db b`): argparse would silently keep the last."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault(_GIVEN, set())
+        if self.dest in given:
+            raise argparse.ArgumentError(self, "given more than once; give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (CommandLineError instead of a usage block and SystemExit)
+    and _StoreOnce for every option that takes a value; its subcommands' parsers are the same."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        namespace.__dict__.pop(_GIVEN, None)
+        return namespace, extras
+
+    def error(self, message: str):
+        raise CommandLineError(self.prog, message)
+
+
+def _by(parse, option: str):
+    """argparse's type for `option`: `parse(text, option)`, which raises UsageError naming it."""
+    return lambda text: parse(text, option)
+
+
+def _literal(text: str) -> str:
+    """Text a family supplies, as argparse shows it literally: argparse %-formats every
+    argument's help, so a '%' in it (a family's, a user family's) would break --help."""
+    return text.replace("%", "%%")
+
+
+def _literal_description(text: str) -> str:
+    # argparse %-formats a description only where it holds '%(prog)'
+    return _literal(text) if "%(prog)" in text else text
 
 
 def _family_names() -> str:
@@ -28,24 +91,28 @@ def _family_names() -> str:
 
 
 def _add_family_args(parser: argparse.ArgumentParser, family, many: bool = False) -> None:
-    parser.add_argument("family", help=f"kernel family: {_family_names()}, or a user family "
-                                       "<package>.<name>; `autogen COMMAND FAMILY --help` lists its options")
+    parser.add_argument("family", help=_literal(f"kernel family: {_family_names()}, or a user family "
+                                                "<package>.<name>; `autogen COMMAND FAMILY --help` lists its options"))
     if family is None:
         return
-    group = parser.add_argument_group(f"{family.name}", family.description or None)
+    group = parser.add_argument_group(f"{family.name}", _literal_description(family.description or "") or None)
     for dim in family.dims:
         flag = dim_flag(dim)
         group.add_argument(flag, dest=dim, metavar="N" + (",N..." if many else ""),
                            type=(lambda text, f=flag: int_list(text, f)) if many else (lambda text, f=flag: strict_int(text, f)),
-                           help=f"size of {dim}" + (" (several: comma-separated; tunes every combination)" if many else ""))
+                           help=_literal(f"size of {dim}" + (" (several: comma-separated; tunes every combination)"
+                                                             if many else "")))
     for trait in family.traits:
-        group.add_argument(dim_flag(trait.name), dest=trait.name, metavar=trait.name.upper(),
-                           help=f"{trait.help} (one of {', '.join(trait.choices)}; default {trait.choices[0]})")
-    group.add_argument("--dtype", choices=family.dtypes, help=f"element type (default {family.dtypes[0]})")
+        flag = dim_flag(trait.name)
+        group.add_argument(flag, dest=trait.name, metavar=trait.name.upper(),
+                           type=lambda text, f=flag, t=trait: trait_text(text, t, f),
+                           help=_literal(f"{trait.help} (one of {', '.join(trait.choices)}; default {trait.choices[0]})"))
+    group.add_argument("--dtype", choices=family.dtypes, help=_literal(f"element type (default {family.dtypes[0]})"))
     if many:
         group.add_argument("--shapes", type=Path, metavar="FILE",
-                           help="tune every shape in FILE: one per line, e.g. "
-                                + "'" + " ".join(f"{d}=64" for d in family.dims) + "'")
+                           help=_literal(f"tune every shape in FILE (a regular file, at most "
+                                         f"{MAX_SHAPES_BYTES // 2**20} MiB): one per line, e.g. "
+                                         + "'" + " ".join(f"{d}=64" for d in family.dims) + "'"))
 
 
 def _add_db_arg(parser: argparse.ArgumentParser) -> None:
@@ -54,21 +121,23 @@ def _add_db_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser(family=None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autogen", description="Code-generating CUDA kernel autotuner.")
+    parser = _Parser(prog="autogen", description="Code-generating CUDA kernel autotuner.")
     parser.add_argument("--version", action="version", version=f"autogen {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     tune = commands.add_parser("tune", help="search a family's variants for a shape and store the winner")
     _add_family_args(tune, family, many=True)
-    tune.add_argument("--trials", type=int, default=60, help="variants to measure (default 60)")
-    tune.add_argument("--timeout", type=float, help="stop searching after this many seconds")
+    tune.add_argument("--trials", type=_by(signed_int, "--trials"), default=60, help="variants to measure (default 60)")
+    tune.add_argument("--timeout", type=_by(strict_float, "--timeout"), help="stop searching after this many seconds")
     tune.add_argument("--sampler", default="tpe", choices=["tpe", "random", "exhaustive"])
-    tune.add_argument("--seed", type=int, default=0, help="sampler seed, 0 to 2^32-1 (default 0)")
+    tune.add_argument("--seed", type=_by(signed_int, "--seed"), default=0, help="sampler seed, 0 to 2^32-1 (default 0)")
     tune.add_argument("--cache", default="cold", choices=["cold", "hot"],
                       help="cold: rotate input sets larger than 4x L2 (default); hot: one set")
-    tune.add_argument("--workers", type=int, help="compile processes (default: half the cores, at most 8)")
+    tune.add_argument("--workers", type=_by(signed_int, "--workers"),
+                      help="compile processes (default: half the cores, at most 8)")
     tune.add_argument("--no-warm-start", action="store_true", help="do not seed from nearby tuned shapes")
-    tune.add_argument("--eval-timeout", type=float, default=60.0, help="seconds before a variant counts as hung")
+    tune.add_argument("--eval-timeout", type=_by(strict_float, "--eval-timeout"), default=60.0,
+                      help="seconds before a variant counts as hung")
     tune.add_argument("--refresh", action="store_true",
                       help="re-time a stale winner's best few trials in this environment (driver, runtime, NVRTC, "
                            "autogen or template changed) instead of searching")
@@ -76,7 +145,7 @@ def build_parser(family=None) -> argparse.ArgumentParser:
                       help="tune on these GPUs of this machine, one isolated evaluator each: problems "
                            "are spread over them, and a problem's trials too when problems run out "
                            "(default: the current GPU)")
-    tune.add_argument("--lease", type=float, default=60.0, metavar="S",
+    tune.add_argument("--lease", type=_by(strict_float, "--lease"), default=60.0, metavar="S",
                       help="a worker that stops (killed, machine lost) has its variants taken over by "
                            "the others sharing the database this long after its last heartbeat (default 60)")
     tune.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -171,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in GPU_COMMANDS and "--help" not in argv and "-h" not in argv:
         _start_gpu_preparation()
+    family = None
     try:
         family = _named_family(argv)
         args = build_parser(family).parse_args(argv)
@@ -178,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import commands  # imported late: `autogen --help` needs no database or GPU libraries
 
         return commands.run(args)
+    except CommandLineError as exc:
+        print(f"{exc.prog}: error: {_one_line(exc)} (see {_help_command(argv, family)})", file=sys.stderr)
+        return exc.exit_code
     except AutogenError as exc:
         print(f"autogen: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
@@ -193,13 +266,34 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def _help_command(argv: list[str], family) -> str:
+    """The --help that documents what `argv` was trying to do."""
+    words = ["autogen"]
+    if argv and argv[0] in COMMANDS:
+        words.append(argv[0])
+        if family is not None:
+            words.append(family.name)
+        elif argv[0] == "db" and argv[1:2] == ["upgrade"]:
+            words.append("upgrade")
+    return " ".join(words + ["--help"])
+
+
 def entry() -> None:
     """The `autogen` command (and `python -m autogen`): main(), then leave at once. By then every
     result is committed and every output written; the interpreter's own teardown after a tune
-    (modules, CuPy, SQLAlchemy's pools) took 0.3 s of a 5 s command on the H100 host."""
-    code = main()
+    (modules, CuPy, SQLAlchemy's pools) took 0.3 s of a 5 s command on the H100 host.
+
+    A reader of stdout that went away (`autogen list --json | head`) ends the command quietly:
+    what is left unwritten is dropped (os._exit flushes nothing), no traceback is printed."""
     try:
+        try:
+            code = main()
+        except SystemExit as exc:  # --help and --version, written by argparse
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         sys.stdout.flush()
+    except BrokenPipeError:
+        code = STDOUT_CLOSED
+    try:
         sys.stderr.flush()
     except (BrokenPipeError, ValueError):  # a reader that went away, or a closed stream
         pass

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from .errors import InvalidConfigError, NotTunedError
 from .family import get_family
-from .options import check_db_url, check_export_out, check_tune_options, problems_from_args
+from .options import (check_db_url, check_export_out, check_storing_db, check_tune_options, missing_sqlite_file,
+                      problems_from_args)
 from .report import performance, render_table, terminal_text, to_json, tune_summary, tune_table
 
 
@@ -27,6 +28,7 @@ def _family(args):
 
 def cmd_tune(args) -> int:
     check_tune_options(args)
+    check_storing_db(args.db, "tune")
     problems = problems_from_args(args, _family(args))
     if getattr(args, "gpus", None) is None:
         _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
@@ -39,11 +41,16 @@ def cmd_tune(args) -> int:
                           cache_mode=args.cache, db_url=args.db, warm_start=not args.no_warm_start,
                           eval_timeout_s=args.eval_timeout, refresh=getattr(args, "refresh", False),
                           lease_s=args.lease, **({"workers": args.workers} if args.workers else {}))
-    check_options(options)
-    if gpus is not None:
-        options = replace(options, gpus=resolve_gpus(gpus, require_cupy().cuda.runtime.getDeviceCount()))
-    else:
-        require_gpu()  # through the driver: a tune answered from the database imports no CuPy
+    try:
+        check_options(options)
+        if gpus is not None:
+            options = replace(options, gpus=resolve_gpus(gpus, require_cupy().cuda.runtime.getDeviceCount()))
+        else:
+            require_gpu()  # through the driver: a tune answered from the database imports no CuPy
+    except BaseException:
+        from .backend import discard_prestarted
+        discard_prestarted()  # no GPU (say): stopped now, not left to outlive this process
+        raise
 
     from .progress import ProgressOutput
     # On a terminal, a bar per problem instead of a line per trial; never with --json.
@@ -139,6 +146,7 @@ def _winners(db_url, **filters):
     from tuning_db import TuningDB
 
     from .pretuned import WithCatalog
+    _note_missing_db(db_url)
     return WithCatalog(TuningDB(db_url, readonly=True)).labelled_winners(**filters)
 
 
@@ -292,6 +300,7 @@ def cmd_export(args) -> int:
     from .export import ExportRequest, export
 
     out = check_export_out(args.out)
+    _note_missing_db(args.db)
     result = export(ExportRequest(args.family, out, gpu=args.gpu, arch=args.arch, db_url=args.db,
                                   self_test=args.self_test))
     summary = result.summary()
@@ -312,6 +321,7 @@ def cmd_export(args) -> int:
 def cmd_db(args) -> int:
     from tuning_db import upgrade
 
+    check_storing_db(args.db, "db upgrade")
     revision = upgrade(args.db)
     print(f"database at revision {revision}")
     return 0
@@ -335,6 +345,15 @@ def _note_passed_over(chosen: str, passed_over) -> None:
         others = "; ".join(f"{terminal_text(name)!r} ({count} shapes)" for name, count in passed_over)
         print(f"autogen: note: chose {terminal_text(chosen)!r}, the GPU with the most tuned shapes; also tuned on "
               f"{others}: pick one with --gpu NAME", file=sys.stderr)
+
+
+def _note_missing_db(db_url: str | None) -> None:
+    """One stderr line where the --db file to read does not exist (it is not created: a read
+    never writes), so that an empty answer is not taken for an empty database."""
+    missing = missing_sqlite_file(db_url)
+    if missing is not None:
+        print(f"autogen: note: the database {terminal_text(missing)} does not exist (a read does not create it); "
+              "only the shipped catalog is read", file=sys.stderr)
 
 
 def _report_invalid(invalid) -> None:

@@ -46,11 +46,13 @@ from .errors import UsageError
 from .helper import HelpRequest, HelperProcess
 from .problem import Problem
 from .progress import TrialDone
+from .report import terminal_text
 from .tuner import TuneOptions, TuneResult, Tuner
 
 
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    # Lines name stored kernels, GPUs and workers: what a database says never reaches the terminal raw.
+    print(terminal_text(message), file=sys.stderr, flush=True)
 
 
 def parse_gpus(text: str | None) -> tuple[int, ...] | str | None:

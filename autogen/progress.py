@@ -17,6 +17,8 @@ import sys
 import threading
 from typing import TextIO
 
+from .report import terminal_text
+
 
 class TrialDone(str):
     """One trial of a search stored: the progress line it always was (a str, so a caller that
@@ -74,7 +76,9 @@ class ProgressOutput:
             self.write(str(event))
 
     def write(self, line: str) -> None:
-        """One line of text, above the bars where there are any."""
+        """One line of text, above the bars where there are any. Lines name stored kernels, GPUs
+        and workers: what a database says never reaches the terminal raw."""
+        line = terminal_text(line)
         with self._lock:
             if self._bars:
                 from tqdm import tqdm

@@ -117,7 +117,8 @@ def _peer(winner: dict) -> str:
 
 
 def _text(value) -> str:
-    return "-" if value is None else str(value)
+    # Tables show what a database says (kernel names, GPU names, URLs): never raw on a terminal.
+    return "-" if value is None else terminal_text(value)
 
 
 def to_json(doc: dict) -> str:

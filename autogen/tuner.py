@@ -17,6 +17,7 @@ from .backend import GpuBackend
 from .errors import UsageError
 from .family import get_family
 from .problem import Problem
+from .report import terminal_text
 from .worker import WorkSpec, default_workers
 
 # Optuna (autogen.search, autogen.warmstart) is imported only when there is something to search:
@@ -68,7 +69,8 @@ class TuneResult:
 
 
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    # Lines name stored kernels, GPUs and workers: what a database says never reaches the terminal raw.
+    print(terminal_text(message), file=sys.stderr, flush=True)
 
 
 def check_options(options: TuneOptions) -> None:

@@ -299,17 +299,21 @@ def _one_line(exc: BaseException) -> str:
 
 def _worker_main(conn, spec: WorkSpec) -> None:
     # Every reply is (status, value, still_usable); a worker whose context is lost says so and exits.
+    # The parent may be gone by the time this worker speaks or listens (it exits without waiting
+    # for a worker it started ahead of need, e.g. after its own "no GPU" error, which can come
+    # before or after this worker's): then this worker ends, quietly.
     bind_device(spec.device_index)
     try:
         evaluator = Evaluator(spec)
-        conn.send(("ok", evaluator.identity(), True))
+        message = ("ok", evaluator.identity(), True)
     except Exception as exc:
-        conn.send(("raise", f"{type(exc).__name__}: {_one_line(exc)}", False))
+        message = ("raise", f"{type(exc).__name__}: {_one_line(exc)}", False)
+    if not _send_to_parent(conn, message) or message[0] == "raise":
         return
     while True:
         try:
             request = conn.recv()
-        except EOFError:  # the parent is gone (it exits without waiting for this worker's teardown)
+        except (EOFError, OSError):  # the parent is gone (it exits without waiting for this worker's teardown)
             return
         if request is None:
             return
@@ -317,11 +321,22 @@ def _worker_main(conn, spec: WorkSpec) -> None:
             reply = ("ok", evaluator.serve(request))
         except Exception as exc:
             reply = ("raise", f"{type(exc).__name__}: {_one_line(exc)}")
-        conn.send(reply + (not evaluator.context_lost,))
+        sent = _send_to_parent(conn, reply + (not evaluator.context_lost,))
         if evaluator.context_lost:
             # Leave without CuPy's teardown: freeing memory on a poisoned context only prints noise.
             conn.close()
             os._exit(3)
+        if not sent:
+            return
+
+
+def _send_to_parent(conn, message) -> bool:
+    """Send `message`; False where the parent's end is closed (it exited or discarded this worker)."""
+    try:
+        conn.send(message)
+        return True
+    except OSError:  # BrokenPipeError, ConnectionResetError: nobody is listening any more
+        return False
 
 
 class WorkerLost(Exception):

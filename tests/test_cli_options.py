@@ -4,6 +4,7 @@ each bad value exits 2 with a message naming it, and no traceback."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -175,3 +176,162 @@ def test_shipped_catalog_shows_when_it_was_tuned(capsys, tmp_path):
     times = {e["trial"]["created_at"] for e in tuned} | {e.get("updated_at") for e in tuned}
     assert shown["provenance"]["tuned_at"] in times  # the catalog's own time, not today's
     assert not (tmp_path / "empty.db").exists()  # reading wrote nothing
+
+
+# -- usage errors in one line (issue 34, point 10) --------------------------------------------------
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (TUNE + ["--dtype", "float64"], "argument --dtype: invalid choice: 'float64'"),
+    (TUNE + ["--nosuch"], "unrecognized arguments: --nosuch"),
+    (TUNE + ["--trials"], "argument --trials: expected one argument"),
+    (TUNE + ["--trials", "x"], "--trials expects a whole number"),
+    (TUNE + ["--timeout", "soon"], "--timeout expects a number"),
+    (TUNE + ["--cache", "warm"], "argument --cache: invalid choice"),
+    (["tune"], "the following arguments are required: family"),
+    (["nosuch"], "argument COMMAND: invalid choice: 'nosuch'"),
+    ([], "the following arguments are required: COMMAND"),
+    (["db"], "the following arguments are required: ACTION"),
+    (["list", "--json", "extra"], "unrecognized arguments: extra"),
+    (["export", "sgemv"], "the following arguments are required: --out"),
+])
+def test_argparse_errors_are_one_line_naming_the_help(capsys, args, fragment):
+    err = exits_2(capsys, args, fragment)
+    assert "usage:" not in err
+    if args[:2] == ["tune", "sgemv"] and "expects" not in fragment:
+        assert err.rstrip().endswith("(see autogen tune sgemv --help)"), err
+
+
+@pytest.mark.parametrize("args, option", [
+    (["tune", "sgemv", "--m", "1024", "--m", "2048", "--n", "64"], "--m"),
+    (TUNE + ["--db", "a.db", "--db", "b.db"], "--db"),
+    (TUNE + ["--trials", "5", "--trials", "6"], "--trials"),
+    (TUNE + ["--tri", "5", "--trials", "6"], "--trials"),  # an abbreviation is the same option
+    (["list", "--family", "sgemv", "--family", "softmax"], "--family"),
+    (["show", "sgemv", "--m", "4", "--n", "4", "--gpu", "a", "--gpu", "b"], "--gpu"),
+])
+def test_an_option_given_twice_is_refused(capsys, tmp_path, monkeypatch, args, option):
+    monkeypatch.chdir(tmp_path)
+    exits_2(capsys, args, f"argument {option}: given more than once")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, option", [
+    (TUNE + ["--trials", "١٢"], "--trials"),  # Arabic-Indic digits
+    (TUNE + ["--trials", "６０"], "--trials"),  # full-width digits
+    (TUNE + ["--seed", "６０"], "--seed"),
+    (TUNE + ["--workers", "٢"], "--workers"),
+    (TUNE + ["--timeout", "６０"], "--timeout"),
+    (TUNE + ["--eval-timeout", "1_0"], "--eval-timeout"),
+    (TUNE + ["--lease", "٦٠"], "--lease"),
+    (["tune", "copy_if", "--n", "4096", "--selectivity", "０.５"], "--selectivity"),
+])
+def test_numbers_are_ascii_only(capsys, args, option):
+    exits_2(capsys, args, option)
+
+
+def test_ascii_numbers_and_fractions_still_parse():
+    from autogen.cli import build_parser
+
+    copy_if = get_family("copy_if")
+    args = build_parser(copy_if).parse_args(["tune", "copy_if", "--n", "4096", "--selectivity", "0.5", "--trials",
+                                             "12", "--seed", "7", "--timeout", "1.5"])
+    assert (args.trials, args.seed, args.timeout) == (12, 7, 1.5)
+    (problem,) = problems_from_args(args, copy_if)
+    assert problem["selectivity"] == "p50"
+
+
+@pytest.mark.parametrize("url, fragment", [
+    ("sqlite:///x.db?mode=ro", "read-only"),
+    ("sqlite:///x.db?immutable=1", "read-only"),
+    ("sqlite:///file:x.db?mode=ro&uri=true", "read-only"),
+    ("sqlite:///:memory:", "in-memory"),
+    ("sqlite:///file::memory:?uri=true", "in-memory"),
+])
+@pytest.mark.parametrize("command", [TUNE, ["db", "upgrade"]])
+def test_a_database_that_cannot_keep_what_is_stored_is_refused(capsys, tmp_path, monkeypatch, url, fragment,
+                                                               command):
+    monkeypatch.chdir(tmp_path)
+    exits_2(capsys, command + ["--db", url], fragment)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_missing_database_is_noted_and_not_created(capsys, tmp_path):
+    missing = tmp_path / "missing.db"
+    for db in (str(missing), f"sqlite:///{missing}"):
+        assert main(["list", "--db", db]) == 0
+        out, err = capsys.readouterr()
+        assert err == f"autogen: note: the database {missing} does not exist (a read does not create it); " \
+                      "only the shipped catalog is read\n"
+        assert "shipped" in out  # the catalog is still listed
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_database_gets_no_note(capsys, db_url):
+    from tuning_db import TuningDB
+
+    TuningDB(db_url).close()
+    assert main(["list", "--db", db_url]) == 0
+    assert "note" not in capsys.readouterr().err
+
+
+# -- --shapes is a bounded regular file (issue 34, point 8) -----------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no FIFOs here")
+def test_shapes_that_are_not_a_regular_file_are_refused(capsys, tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "shapes.fifo"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer
+
+    def unblock_a_waiting_reader() -> None:  # so that a regression fails this test instead of hanging it
+        time.sleep(5)
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass  # nobody is waiting to read: as it should be
+
+    threading.Thread(target=unblock_a_waiting_reader, daemon=True).start()
+    # A character device (/dev/zero is one too, and endless) and a folder are not regular files either.
+    for path in [fifo, tmp_path] + [p for p in ("/dev/null",) if os.path.exists(p)]:
+        exits_2(capsys, ["tune", "sgemv", "--shapes", str(path)], f"--shapes {path} is not a regular file")
+
+
+def test_shapes_larger_than_the_limit_are_refused(capsys, tmp_path):
+    from autogen.options import MAX_SHAPES_BYTES
+
+    path = tmp_path / "shapes.txt"
+    with path.open("wb") as file:
+        file.truncate(MAX_SHAPES_BYTES + 1)  # sparse: nothing is written
+    exits_2(capsys, ["tune", "sgemv", "--shapes", str(path)], "is larger than 1 MiB, the limit of a shapes file")
+    path.write_text("m=64 n=64\n" * (MAX_SHAPES_BYTES // 10))  # at the limit: read
+    assert len(read_shapes_file(path, get_family("sgemv"))) == MAX_SHAPES_BYTES // 10
+
+
+# -- terminal safety of tune's output (issue 34, point 7) -------------------------------------------
+
+
+def test_tune_table_escapes_a_stored_kernel_name():
+    from autogen.report import tune_table
+
+    evil = "sgemv_f32\x1b]0;owned\x07\x1b[2J"
+    doc = {"problem": {"family": "sgemv", "dtype": "float32", "shape": {"m": 64, "n": 64}}, "gpu": "GPU\x1b[31m",
+           "arch": "sm_90", "winner": {"kernel": evil, "params": {"x_path": "ldg\x1b[0m"}, "time_us": 1.0,
+                                       "spread_us": 0.1, "gb_per_s": 10.0, "tflop_per_s": None, "pct_of_floor": None,
+                                       "roofline": "memory", "peer": None},
+           "trials": {"measured": 1, "failed": 0, "rejected": 0, "reused": 0, "worker_restarts": 0},
+           "wall_s": 1.0, "database": "sqlite:///x\x1b[8m.db"}
+    shown = tune_table(doc)
+    assert "\x1b" not in shown and "\x07" not in shown and "\\x1b]0;owned\\x07" in shown
+
+
+@pytest.mark.parametrize("module", ["autogen.tuner", "autogen.distributed"])
+def test_tune_progress_lines_escape_stored_names(capsys, module):
+    import importlib
+
+    log = importlib.import_module(module)._log  # the default progress of tune() and of the CLI
+    log("kept the stored winner sgemv\x1b]0;owned\x07 (1.00 us): sgemv_x is not faster beyond its spread")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b]0;owned\\x07" in err and err.count("\n") == 1

@@ -58,3 +58,88 @@ def test_default_compile_processes_leave_half_the_cores_to_the_search(monkeypatc
 
     monkeypatch.setattr(worker.os, "cpu_count", lambda: cores)
     assert worker.default_workers() == workers
+
+
+# -- a parent that is gone before its worker speaks (issue 34, point 12) ----------------------------
+
+
+def _spec():
+    from autogen.family import get_family
+    from autogen.worker import WorkSpec
+
+    return WorkSpec.of(get_family("sgemv").problem(m=64, n=16), "cold")
+
+
+class _StandInEvaluator:
+    """TEST AID: the worker's Evaluator without a GPU; fails to start when `fail` is set."""
+
+    fail = False
+
+    def __init__(self, spec):
+        if self.fail:
+            raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+        self.context_lost = False
+
+    def identity(self):
+        return "device", 0, {}
+
+    def serve(self, request):
+        return "answer"
+
+
+@pytest.mark.parametrize("fails_to_start", [True, False])
+def test_a_worker_whose_parent_left_ends_quietly(monkeypatch, fails_to_start):
+    # The race of a no-GPU `autogen tune`: the parent prints its own "no GPU" error and exits
+    # while the prestarted worker is still starting; the worker's message then meets a closed pipe.
+    import multiprocessing
+
+    from autogen import worker
+
+    monkeypatch.setattr(_StandInEvaluator, "fail", fails_to_start)
+    monkeypatch.setattr(worker, "Evaluator", _StandInEvaluator)
+    parent_end, child_end = multiprocessing.Pipe()
+    parent_end.close()
+    assert worker._worker_main(child_end, _spec()) is None  # no BrokenPipeError
+
+
+def test_a_worker_whose_parent_left_mid_request_ends_quietly(monkeypatch):
+    from autogen import worker
+
+    monkeypatch.setattr(worker, "Evaluator", _StandInEvaluator)
+
+    class LeavesAfterAsking:  # the child's end of a pipe whose parent asks once, then is gone
+        def __init__(self):
+            self.sent, self.asked = [], False
+
+        def send(self, message):
+            if self.asked:
+                raise BrokenPipeError(32, "Broken pipe")
+            self.sent.append(message)
+
+        def recv(self):
+            if self.asked:
+                raise EOFError
+            self.asked = True
+            return worker.StagesSpent()
+
+    conn = LeavesAfterAsking()
+    assert worker._worker_main(conn, _spec()) is None
+    assert conn.sent == [("ok", ("device", 0, {}), True)]
+
+
+def test_a_tune_without_a_gpu_stops_its_prestarted_worker(monkeypatch, capsys):
+    from autogen import backend, commands, gpu
+    from autogen.cli import main
+    from autogen.errors import GpuUnavailableError
+
+    stopped = []
+    monkeypatch.setattr(commands, "_prestart_gpu_work", lambda args, problem: backend._prestarted.update(
+        evaluator=types.SimpleNamespace(discard=lambda: stopped.append(problem))))
+
+    def no_gpu():
+        raise GpuUnavailableError("no NVIDIA GPU or driver found")
+
+    monkeypatch.setattr(gpu, "require_gpu", no_gpu)
+    assert main(["tune", "sgemv", "--m", "64", "--n", "16"]) == 1
+    assert "no NVIDIA GPU" in capsys.readouterr().err
+    assert len(stopped) == 1 and backend._prestarted["evaluator"] is None
