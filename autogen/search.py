@@ -32,6 +32,7 @@ from .measure import time_into
 from .problem import Config, Problem
 from .render import render, source_hash
 from .space import Space
+from .stored import unusable_reason, usable_trials
 
 SAMPLERS = ("tpe", "random", "exhaustive")
 # Told to Optuna for rejected or failed variants: worse than any real time, still finite.
@@ -347,7 +348,7 @@ class SearchLoop:
         if claim.status == "done":  # another worker (or an earlier run) measured it
             known = self.db.find_trial(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
                                        claim.kernel_name, self.options.cache_mode)
-            if known is not None:
+            if known is not None and not unusable_reason(self.family, self.problem.dtype, self.problem.traits, known):
                 self.stored[name] = known
                 self.counts.reused += 1
                 self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
@@ -420,11 +421,10 @@ class SearchLoop:
         done = {c.kernel_name for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
                                                       self.problem.shape_key, self.options.cache_mode)
                 if c.owner == dead and c.state == "done"}
-        trials = self.db.trials(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
-                                self.options.cache_mode)
-        measured = {t.kernel_name: (params, t.time_us if t.status == "ok" else PENALTY_US)
-                    for t in trials if t.kernel_name in done
-                    and (params := self.family.space.stored_point(t.params)) is not None}
+        trials, _skipped = usable_trials(self.family, self.problem, self.db.trials(
+            self.device, self.problem.family, self.problem.dtype, self.problem.shape_key, self.options.cache_mode))
+        measured = {t.kernel_name: (self.family.space.complete(t.params), t.time_us if t.status == "ok" else PENALTY_US)
+                    for t in trials if t.kernel_name in done}
         if measured:
             self.study.add_missing(measured, {"status": "recovered", "worker": dead})
 
