@@ -418,7 +418,7 @@ class TuningDB:
                 GpuRow.name, GpuRow.compute_capability, WinnerRow.family, WinnerRow.dtype,
                 WinnerRow.shape_key, mode, WinnerRow.id,
             )
-            return _sorted_checked(session.execute(query), _winner_record, _invalid_winner)
+            return _one_per_key(*_sorted_checked(session.execute(query), _winner_with_id, _invalid_winner))
 
         return self._reading(read, ([], []))
 
@@ -625,6 +625,28 @@ class TuningDB:
 
     def _upsert_gpu(self, session: Session, device: DeviceIdentity) -> int:
         return self._upsert(session, GpuRow, GpuRow.values_of(device), GPU_KEY)
+
+
+def _winner_with_id(m: Mapping) -> tuple[object, WinnerRecord]:
+    return m["w_id"], _winner_record(m)
+
+
+def _one_per_key(found: list[tuple[object, WinnerRecord]], bad: list[InvalidRow]
+                 ) -> tuple[list[WinnerRecord], list[InvalidRow]]:
+    """One winner per (GPU model, problem, cache mode), as the schema's unique keys promise: a
+    database whose keys were dropped, or whose GPU rows repeat a model, may hold several. The
+    first in read order (the lowest row id) is read; the others are reported as invalid rows."""
+    kept: dict[tuple, WinnerRecord] = {}
+    for row_id, w in found:
+        key = (w.device.name, w.device.compute_capability, w.trial.family, w.trial.dtype, w.trial.shape_key,
+               w.trial.cache_mode)
+        first = kept.setdefault(key, w)
+        if first is not w:
+            bad.append(InvalidRow(WinnerRow.__tablename__, row_id, "a second winner of the same GPU model, "
+                                  f"problem and cache mode (the first, of kernel {first.trial.kernel_name}, is read)",
+                                  gpu=w.device.name, family=w.trial.family, dtype=w.trial.dtype,
+                                  shape_key=w.trial.shape_key, cache_mode=w.trial.cache_mode))
+    return list(kept.values()), bad
 
 
 def _lock_gpu(session: Session, device: DeviceIdentity) -> int | None:
