@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import AutogenError
-from .options import dim_flag, int_list, strict_int
+from .options import MAX_LEASE_S, dim_flag, int_list, strict_int
 
 FAMILY_COMMANDS = ("tune", "bench", "show")
 
@@ -78,7 +78,8 @@ def build_parser(family=None) -> argparse.ArgumentParser:
                            "(default: the current GPU)")
     tune.add_argument("--lease", type=float, default=60.0, metavar="S",
                       help="a worker that stops (killed, machine lost) has its variants taken over by "
-                           "the others sharing the database this long after its last heartbeat (default 60)")
+                           "the others sharing the database this long after its last heartbeat (default 60, "
+                           f"at most {MAX_LEASE_S:g}; a claim holding more is taken over)")
     tune.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_db_arg(tune)
 

@@ -16,6 +16,7 @@ from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 from .backend import GpuBackend
 from .errors import UsageError
 from .family import get_family
+from .options import check_lease
 from .problem import Problem
 from .worker import WorkSpec, default_workers
 
@@ -79,8 +80,7 @@ def check_options(options: TuneOptions) -> None:
         raise UsageError(f"--trials must be at least 1, got {options.trials}")
     if options.cache_mode not in ("cold", "hot"):
         raise UsageError(f"--cache must be cold or hot, got {options.cache_mode!r}")
-    if not options.lease_s >= 2:
-        raise UsageError(f"--lease must be at least 2 seconds, got {options.lease_s}")
+    check_lease(options.lease_s)
 
 
 class Tuner:
