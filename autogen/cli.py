@@ -21,7 +21,8 @@ from pathlib import Path
 
 from . import __version__
 from .errors import AutogenError, UsageError
-from .options import MAX_SHAPES_BYTES, dim_flag, int_list, signed_int, strict_float, strict_int, trait_text
+from .options import (MAX_LEASE_S, MAX_SHAPES_BYTES, dim_flag, int_list, signed_int, strict_float, strict_int,
+                      trait_text)
 
 FAMILY_COMMANDS = ("tune", "bench", "show")
 COMMANDS = ("tune", "bench", "list", "show", "export", "db")
@@ -147,7 +148,8 @@ def build_parser(family=None) -> argparse.ArgumentParser:
                            "(default: the current GPU)")
     tune.add_argument("--lease", type=_by(strict_float, "--lease"), default=60.0, metavar="S",
                       help="a worker that stops (killed, machine lost) has its variants taken over by "
-                           "the others sharing the database this long after its last heartbeat (default 60)")
+                           "the others sharing the database this long after its last heartbeat (default 60, "
+                           f"at most {MAX_LEASE_S:g}; a claim holding more is taken over)")
     tune.add_argument("--json", action="store_true", help="print the result as JSON")
     _add_db_arg(tune)
 

@@ -92,6 +92,7 @@ def cmd_bench(args) -> int:
     from .compile import compile_cubin
     from .gpu import require_cupy
     from .render import render
+    from .stored import unusable_reason
     from .worker import IsolatedEvaluator, WorkSpec
 
     family = _family(args)
@@ -103,6 +104,9 @@ def cmd_bench(args) -> int:
         if winner is None:
             raise NotTunedError(f"nothing tuned for {problem} on {evaluator.device.name} in {db.url}; "
                                 f"run `autogen tune {problem.family} ...` first")
+        reason = unusable_reason(family, problem.dtype, problem.traits, winner.trial)
+        if reason:  # its stored time is not that of the kernel its params render
+            raise InvalidConfigError(f"the stored winner of {problem} cannot be re-measured: {reason}")
         config = family.space.check(winner.trial.params)  # never render unchecked stored values
         name = family.kernel_name(problem.dtype, config, problem.traits)
         cubin = compile_cubin(render(family, problem.dtype, config, traits=problem.traits), evaluator.device.arch)
@@ -147,7 +151,31 @@ def _winners(db_url, **filters):
 
     from .pretuned import WithCatalog
     _note_missing_db(db_url)
-    return WithCatalog(TuningDB(db_url, readonly=True)).labelled_winners(**filters)
+    found, invalid = WithCatalog(TuningDB(db_url, readonly=True)).labelled_winners(**filters)
+    return _consistent(found), invalid
+
+
+def _consistent(found: list) -> list:
+    """The (source, winner) pairs whose family, where known here, can render the winner under
+    its stored name (autogen.stored); the others are reported, one line each, and skipped."""
+    from .errors import AutogenError
+    from .stored import winner_unusable_reason
+
+    kept = []
+    for source, winner in found:
+        try:
+            family = get_family(winner.trial.family)
+        except AutogenError:
+            kept.append((source, winner))  # an unknown family: its rows are shown as such
+            continue
+        reason = winner_unusable_reason(family, winner)
+        if reason:
+            print(f"autogen: warning: skipped the stored {terminal_text(winner.trial.family)} "
+                  f"{terminal_text(winner.trial.dtype)} winner for {terminal_text(winner.trial.shape_key)} on "
+                  f"{terminal_text(winner.device.name)} ({source}): {terminal_text(reason)}", file=sys.stderr)
+            continue
+        kept.append((source, winner))
+    return kept
 
 
 def cmd_list(args) -> int:
@@ -255,8 +283,6 @@ def cmd_show(args) -> int:
         },
         "source": render(family, problem.dtype, config, traits=problem.traits),
     }
-    if winner.trial.kernel_name != name:
-        document["stored_name"] = winner.trial.kernel_name
     if args.resources:
         document["resources"] = _resources(document["source"], winner.device.arch,
                                            {name + step.suffix: step.launch for step in family.plan(problem, config)})
@@ -305,6 +331,8 @@ def cmd_export(args) -> int:
                                   self_test=args.self_test))
     summary = result.summary()
     _note_passed_over(summary["gpu"], [(o["gpu"], o["shapes"]) for o in summary["also_tuned_on"]])
+    for skipped in result.skipped:
+        print(f"autogen: warning: skipped the stored {terminal_text(skipped)}", file=sys.stderr)
     if args.self_test and not summary["self_test_hook"]:
         print(f"autogen: note: {args.family} has no self-test hook yet; the self-test skips it", file=sys.stderr)
     if args.json:

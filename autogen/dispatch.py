@@ -39,6 +39,7 @@ from .launch import LaunchError, ensure_context, launch_ex, libcuda
 from .notes import note_once
 from .problem import Config, Problem, nearest, parse_shape_key, problem_of_record
 from .render import render, source_hash
+from .stored import unusable_reason
 
 try:  # the hit path in C (autogen/_hitpath.c), built by `pip install`; absent in a bare checkout
     from ._hitpath import HitPath
@@ -268,14 +269,17 @@ class Dispatcher:
 
 def _servable(family, winner: WinnerRecord) -> bool:
     """Whether this family can serve the stored winner: its shape key names the family's
-    dimensions and its params are in the family's space. Otherwise it is skipped, noted once."""
+    dimensions, its params are in the family's space and name the kernel it is stored under (its
+    stored time is that kernel's). Otherwise it is skipped, noted once."""
     try:
         dims = parse_shape_key(winner.trial.shape_key)
         names = family.dims + tuple(t.name for t in family.traits)
         if tuple(name for name, _ in dims) != names:
             raise InvalidConfigError(f"shape {winner.trial.shape_key!r} does not name {', '.join(names)}")
-        family.problem(winner.trial.dtype, **dict(dims))
-        family.space.check(winner.trial.params)
+        problem = family.problem(winner.trial.dtype, **dict(dims))
+        reason = unusable_reason(family, problem.dtype, problem.traits, winner.trial)
+        if reason:
+            raise InvalidConfigError(reason)
     except (ValueError, UsageError, InvalidConfigError) as exc:
         note_once(("unservable", winner.device.name, winner.trial.family, winner.trial.dtype, winner.trial.shape_key,
                    winner.trial.cache_mode),

@@ -33,6 +33,7 @@ from .problem import Config, Problem, nearest, parse_shape_key
 from .paths import write_atomically
 from .pretuned import pretuned_db
 from .render import render, render_template
+from .stored import skipped_winners_note, winner_unusable_reason
 
 ARCH_PATTERN = re.compile(r"sm_([1-9][0-9]?)([0-9])([af]?)")  # sm_80, sm_90a, sm_100, sm_120f
 CC_PATTERN = re.compile(r"([1-9][0-9]?)\.([0-9])")  # "9.0"
@@ -147,6 +148,7 @@ class ExportResult:
     out: Path
     files: tuple[Path, ...]
     passed_over: tuple[tuple[str, int], ...] = ()  # other GPUs of the arch: (name, tuned shapes)
+    skipped: tuple[str, ...] = ()  # stored winners left out, and why (autogen.stored)
 
     def summary(self) -> dict:
         """What was exported, for --json and the text report."""
@@ -198,12 +200,15 @@ def cc_to_arch(cc: str, gpu_name: str) -> str:
 
 
 def choose_target(db: TuningDB, family: Family, gpu: str | None, arch: str | None,
-                  detect: Callable[[], DeviceIdentity | None] | None = None
+                  detect: Callable[[], DeviceIdentity | None] | None = None,
+                  on_skipped: Callable[[str], None] | None = None
                   ) -> tuple[list[WinnerRecord], list[tuple[str, int]]]:
     """The winners to export: those of one GPU, chosen by --gpu, --arch, this machine's GPU
     (`detect`, default local_device), or the database's only GPU. Where several GPUs of one
     architecture match (`--arch sm_90`, an H100 and an H200), the one with the most tuned shapes
-    (tuning_db.most_tuned_gpu); the GPUs passed over come back with it."""
+    (tuning_db.most_tuned_gpu); the GPUs passed over come back with it. Winners today's family
+    cannot render under their stored name (autogen.stored) are left out: ``on_skipped`` gets each
+    one's description and why."""
     cc = arch_to_cc(arch) if arch else None
     if gpu is None and arch is None:
         here = (detect or local_device)()
@@ -215,10 +220,20 @@ def choose_target(db: TuningDB, family: Family, gpu: str | None, arch: str | Non
         raise InvalidConfigError(f"cannot export from {display_url(db.url)}: invalid stored {invalid[0].describe()}"
                                  f"{more}; re-tune that shape or delete the row, or pick another GPU with --gpu "
                                  "or --arch")
-    winners = one_per_problem(winners)  # the cold-cache winner where a shape has both
+    usable, skipped = [], 0
+    for w in winners:
+        reason = winner_unusable_reason(family, w)
+        if reason is None:
+            usable.append(w)
+            continue
+        skipped += 1
+        if on_skipped is not None:
+            on_skipped(f"{describe(w)}, cache {w.trial.cache_mode!r}: {reason}")
+    winners = one_per_problem(usable)  # the cold-cache winner where a shape has both
     if not winners:
         target = " ".join(part for part in (gpu and f"GPU {gpu!r}", cc and f"compute capability {cc}") if part)
-        raise NotTunedError(f"nothing tuned for {family.name} on {target} in {display_url(db.url)}; run "
+        raise NotTunedError(f"nothing tuned for {family.name} on {target} in {display_url(db.url)}"
+                            + (f" ({skipped_winners_note(skipped)})" if skipped else "") + "; run "
                             f"`autogen tune {family.name} ...` on that GPU first, or pick another "
                             f"with --gpu or --arch (`autogen list` shows what is stored)")
     devices = sorted({(w.device.name, w.device.compute_capability) for w in winners})
@@ -446,15 +461,16 @@ def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] |
     out = Path(request.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
+    skipped = []
     with TuningDB(request.db_url, readonly=True) as db:  # export only reads: nothing is created
         try:
-            winners, passed_over = choose_target(db, family, request.gpu, arch, detect)
+            winners, passed_over = choose_target(db, family, request.gpu, arch, detect, skipped.append)
         except NotTunedError:
             # Nothing of the user's own: export what autogen ships (a fresh machine, no GPU).
             shipped = pretuned_db()
             if shipped is None or not shipped.winners(family=family.name):
                 raise
-            winners, passed_over = choose_target(shipped, family, request.gpu, arch, detect)
+            winners, passed_over = choose_target(shipped, family, request.gpu, arch, detect, skipped.append)
     model = build_model(family, winners, arch, request.self_test)
     files = render_files(model)
-    return ExportResult(model, out, write_files(files, out), tuple(passed_over))
+    return ExportResult(model, out, write_files(files, out), tuple(passed_over), tuple(skipped))

@@ -12,6 +12,7 @@ from tuning_db.records import TrialRecord, WinnerRecord
 
 from . import __version__
 from .render import render
+from .stored import unusable_reason, usable_trials
 
 # Two re-timed variants whose medians differ by less than this (or than half the best one's
 # spread) are a tie: the simpler name wins. The interleaved re-timing tells apart medians 0.2%
@@ -66,7 +67,7 @@ def finish(family, problem, options, db: TuningDB, device, backend, nothing_new:
            progress: Callable[[str], None]) -> Finish:
     evaluator = backend.evaluator
     copy_gbs, fp32_tflops = measure_ceilings(evaluator, progress)
-    stored = _stored_winner(db, device, problem, options.cache_mode)
+    stored, unusable = _stored_winner(family, db, device, problem, options.cache_mode)
     if nothing_new and stored is not None:
         # A resumed search that measured nothing has nothing to decide: the stored winner stands.
         progress("nothing new was measured: the stored winner stands (no re-timing)")
@@ -76,7 +77,9 @@ def finish(family, problem, options, db: TuningDB, device, backend, nothing_new:
         peer = evaluator.time_peer()
     except Exception as exc:
         progress(f"peer could not be timed: {exc}")
-    trials = db.trials(device, problem.family, problem.dtype, problem.shape_key, options.cache_mode)
+    # Rows today's space cannot render (autogen.stored) are neither re-timed nor proposed.
+    trials, _skipped = usable_trials(family, problem, db.trials(device, problem.family, problem.dtype,
+                                                                problem.shape_key, options.cache_mode))
     ok = sorted((t for t in trials if t.status == "ok"), key=lambda t: t.time_us)
     if not ok:
         why = no_winner_reason(sum(1 for t in trials if t.status == "failed"))
@@ -93,7 +96,7 @@ def finish(family, problem, options, db: TuningDB, device, backend, nothing_new:
     winner, margin = pick_winner(finalists)
     peer_name, peer_time = (peer[0], statistics.median(peer[1])) if peer else ("", None)
     kept = db.set_winner(device, winner, peer_name=peer_name, peer_time_us=peer_time, margin=margin,
-                         autogen_version=__version__,
+                         autogen_version=__version__, force=unusable,
                          retimed_against=stored.trial.kernel_name if retimed and stored_trial is not None else None)
     if kept.trial.kernel_name != winner.kernel_name:
         progress(f"kept the stored winner {kept.trial.kernel_name} ({kept.trial.time_us:.2f} us): "
@@ -101,11 +104,17 @@ def finish(family, problem, options, db: TuningDB, device, backend, nothing_new:
     return Finish(kept, finalists, copy_gbs, fp32_tflops)
 
 
-def _stored_winner(db: TuningDB, device, problem, cache_mode: str) -> WinnerRecord | None:
-    """The winner stored for this problem and cache mode (None where none, or only a bad row)."""
+def _stored_winner(family, db: TuningDB, device, problem, cache_mode: str) -> tuple[WinnerRecord | None, bool]:
+    """(the winner stored for this problem and cache mode, None where none, or only a bad row;
+    whether a stored winner is there that today's family cannot use, which a new one replaces
+    whatever its stored time)."""
     found = db.winners(family=problem.family, gpu_name=device.name, compute_capability=device.compute_capability,
                        dtype=problem.dtype, shape_key=problem.shape_key, cache_mode=cache_mode)
-    return found[0] if found else None
+    if not found:
+        return None, False
+    if unusable_reason(family, problem.dtype, problem.traits, found[0].trial) is not None:
+        return None, True
+    return found[0], False
 
 
 def retime(family, problem, options, db: TuningDB, device, backend, best: list[TrialRecord],

@@ -68,6 +68,18 @@ def int_list(text: str, option: str) -> list[int]:
     return [strict_int(item.strip(), option) for item in items]
 
 
+# The longest lease a worker may take (--lease): a worker killed holding a claim delays the
+# others by at most this. A claim read with more time left than this was not written by a
+# worker keeping to it, and is taken over like a lapsed one (autogen.search).
+MAX_LEASE_S = 3600.0
+
+
+def check_lease(lease_s: float) -> None:
+    """--lease: at least 2 s (a worker beats six times a lease), at most MAX_LEASE_S."""
+    if not 2 <= lease_s <= MAX_LEASE_S:  # NaN fails too
+        raise UsageError(f"--lease must be between 2 and {MAX_LEASE_S:g} seconds, got {lease_s:g}")
+
+
 def check_tune_options(args) -> None:
     """The options of `autogen tune`, checked on any machine before the GPU is looked for."""
     if args.trials is not None and args.trials < 1:
@@ -80,8 +92,8 @@ def check_tune_options(args) -> None:
         if value is not None and not (math.isfinite(value) and value > 0):
             raise UsageError(f"{option} must be a positive number of seconds, got {value}")
     lease = getattr(args, "lease", None)
-    if lease is not None and not (math.isfinite(lease) and lease >= 2):
-        raise UsageError(f"--lease must be at least 2 seconds, got {lease}")
+    if lease is not None:
+        check_lease(lease)
     if getattr(args, "gpus", None) is not None:
         from .distributed import parse_gpus
         parse_gpus(args.gpus)

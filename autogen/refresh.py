@@ -22,13 +22,15 @@ from .compile import compile_options
 from .errors import InvalidConfigError
 from .finish import Finish, _stored_winner, measure_ceilings, pick_winner, retime, trial_from_outcome
 from .render import render, source_hash
+from .stored import usable_trials
 
 
 def refresh(family, problem, options, db: TuningDB, device, backend,
             progress: Callable[[str], None]) -> Finish:
     evaluator = backend.evaluator
-    stored = _stored_winner(db, device, problem, options.cache_mode)
-    trials = db.trials(device, problem.family, problem.dtype, problem.shape_key, options.cache_mode)
+    stored, unusable = _stored_winner(family, db, device, problem, options.cache_mode)
+    trials, _skipped = usable_trials(family, problem, db.trials(device, problem.family, problem.dtype,
+                                                                problem.shape_key, options.cache_mode))
     best = sorted((t for t in trials if t.status == "ok"), key=lambda t: t.time_us)[: options.top_k]
     if stored is not None and all(t.kernel_name != stored.trial.kernel_name for t in best):
         best.append(stored.trial)
@@ -71,6 +73,6 @@ def refresh(family, problem, options, db: TuningDB, device, backend,
     side_by_side = stored.trial.kernel_name if stored is not None and stored.trial.kernel_name in names else None
     peer_name, peer_time = (peer[0], statistics.median(peer[1])) if peer else ("", None)
     kept = db.set_winner(device, winner, peer_name=peer_name, peer_time_us=peer_time, margin=margin,
-                         autogen_version=__version__, retimed_against=side_by_side)
+                         autogen_version=__version__, retimed_against=side_by_side, force=unusable)
     progress(f"refresh: the winner is {kept.trial.kernel_name} ({kept.trial.time_us:.2f} us), measured here")
     return Finish(kept, finalists, copy_gbs, fp32_tflops)

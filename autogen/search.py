@@ -29,10 +29,12 @@ from .compile import compile_options
 from .errors import CompileError, UsageError
 from .finish import trial_from_outcome
 from .measure import time_into
+from .options import MAX_LEASE_S
 from .problem import Config, Problem
 from .progress import TrialDone
 from .render import render, source_hash
 from .space import Space
+from .stored import unusable_reason, usable_trials
 
 SAMPLERS = ("tpe", "random", "exhaustive")
 # Told to Optuna for rejected or failed variants: worse than any real time, still finite.
@@ -256,7 +258,7 @@ class SearchLoop:
                         break
                     # Done asking: wait for the other workers' variants of this problem, and
                     # take over those whose worker died.
-                    for entry in self._drain():
+                    for entry in self._drain(started):
                         submit(entry)
                     if not pending:
                         break
@@ -348,7 +350,7 @@ class SearchLoop:
         if claim.status == "done":  # another worker (or an earlier run) measured it
             known = self.db.find_trial(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
                                        claim.kernel_name, self.options.cache_mode)
-            if known is not None:
+            if known is not None and not unusable_reason(self.family, self.problem.dtype, self.problem.traits, known):
                 self.stored[name] = known
                 self.counts.reused += 1
                 self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
@@ -391,20 +393,31 @@ class SearchLoop:
     # -- workers that died ------------------------------------------------------------------------
 
     def _take_over_lapsed(self) -> list[_Pending]:
-        """Claims of this problem whose worker stopped beating: taken over and compiled here."""
+        """Claims of this problem whose worker stopped beating (or that hold a lease longer than
+        any worker may take): taken over and compiled here. Another worker's claim whose params
+        are not a point of today's space naming its kernel is released: no one could take it over."""
         taken = []
         for claim in self.db.claims(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
                                     self.options.cache_mode, running=True):
-            if claim.expires_in_s > 0 or claim.owner == self.owner:
+            if claim.owner == self.owner:
                 continue
-            if self.family.space.violations(claim.params):
+            unusable = claim.params is None or unusable_reason(self.family, self.problem.dtype,
+                                                                self.problem.traits, claim)
+            if not unusable and 0 < claim.expires_in_s <= MAX_LEASE_S:
                 continue
-            config = self.family.space.check(claim.params)
-            name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
-            source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
-            variant = _body_hash(source, name)
+            if not unusable:
+                config = self.family.space.check(claim.params)
+                name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
+                source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
+                variant = _body_hash(source, name)
+                unusable = variant != claim.variant  # not the code its params render: never completed
+            if unusable:
+                if self.db.release_claim(self.device, claim):
+                    self.progress(f"released {claim.owner}'s claim of {claim.kernel_name}: it is not a point "
+                                  "of today's space rendering the variant claimed")
+                continue
             got = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
-                                self.lease.lease_s)
+                                self.lease.lease_s, longest_lease_s=MAX_LEASE_S)
             if got.status != "claimed":
                 continue  # another worker was quicker
             self.counts.taken_over += 1
@@ -421,17 +434,16 @@ class SearchLoop:
         done = {c.kernel_name for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
                                                       self.problem.shape_key, self.options.cache_mode)
                 if c.owner == dead and c.state == "done"}
-        trials = self.db.trials(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
-                                self.options.cache_mode)
-        measured = {t.kernel_name: (params, t.time_us if t.status == "ok" else PENALTY_US)
-                    for t in trials if t.kernel_name in done
-                    and (params := self.family.space.stored_point(t.params)) is not None}
+        trials, _skipped = usable_trials(self.family, self.problem, self.db.trials(
+            self.device, self.problem.family, self.problem.dtype, self.problem.shape_key, self.options.cache_mode))
+        measured = {t.kernel_name: (self.family.space.complete(t.params), t.time_us if t.status == "ok" else PENALTY_US)
+                    for t in trials if t.kernel_name in done}
         if measured:
             self.study.add_missing(measured, {"status": "recovered", "worker": dead})
 
-    def _drain(self) -> list[_Pending]:
+    def _drain(self, started: float) -> list[_Pending]:
         """Wait while other workers hold live claims of this problem; returns the ones that lapse
-        meanwhile, taken over (empty once no claim is left running)."""
+        meanwhile, taken over (empty once no claim is left running, or the time limit is up)."""
         while True:
             taken = self._take_over_lapsed()
             if taken:
@@ -441,7 +453,13 @@ class SearchLoop:
                     if c.owner != self.owner]
             if not live or self.stop.is_set():
                 return []
-            time.sleep(min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05)))
+            if self.timed_out(started):
+                self.progress(f"the time limit is up: not waiting for {len(live)} variant(s) other workers hold")
+                return []
+            wait = min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05))
+            if self.options.timeout_s is not None:  # woken for the time limit, too
+                wait = min(wait, max(0.05, self.options.timeout_s - (time.monotonic() - started)))
+            time.sleep(wait)
 
     def _abandon(self) -> None:
         """Interrupted: give the claims back at once, so that no one waits for their leases."""

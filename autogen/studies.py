@@ -321,7 +321,7 @@ class SharedStudy:
     def _mirror_running(self) -> None:
         storage_, study_id = self.local._storage, self.local._study_id
         live = {c.variant: c for c in self.db.claims(*self.problem_key, running=True)
-                if c.owner != self.owner and c.expires_in_s > 0}
+                if c.owner != self.owner and c.expires_in_s > 0 and c.params is not None}
         for variant, local in list(self._running.items()):
             if variant not in live:  # measured (its finished trial arrives above) or abandoned
                 storage_.set_trial_state_values(local, TrialState.FAIL)

@@ -16,6 +16,7 @@ from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 from .backend import GpuBackend
 from .errors import UsageError
 from .family import get_family
+from .options import check_lease
 from .problem import Problem
 from .report import terminal_text
 from .worker import WorkSpec, default_workers
@@ -81,8 +82,7 @@ def check_options(options: TuneOptions) -> None:
         raise UsageError(f"--trials must be at least 1, got {options.trials}")
     if options.cache_mode not in ("cold", "hot"):
         raise UsageError(f"--cache must be cold or hot, got {options.cache_mode!r}")
-    if not options.lease_s >= 2:
-        raise UsageError(f"--lease must be at least 2 seconds, got {options.lease_s}")
+    check_lease(options.lease_s)
 
 
 class Tuner:
@@ -126,6 +126,7 @@ class Tuner:
 
     def begin(self, backend, started: float) -> TuneResult:
         """After the first backend is up: check the problem fits, and find where to start."""
+        from .stored import skipped_note
         from .warmstart import starting_point
 
         problem, family, options = self.problem, self.family, self.options
@@ -142,6 +143,8 @@ class Tuner:
         self.start = starting_point(self.db, device, family, problem, options.cache_mode, options.warm_start)
         if self.start.stored:
             self.progress(f"resuming: {len(self.start.stored)} trials of this problem already in the database")
+        if self.start.skipped:
+            self.progress(skipped_note(self.start.skipped))
         return result
 
     def open_search_soon(self) -> None:
@@ -238,6 +241,7 @@ class Tuner:
             return None
         device = identify()
         from .environment import stale_reasons, winner_source_hash
+        from .stored import unusable_reason
 
         trials = self.db.trials(device, problem.family, problem.dtype, problem.shape_key, options.cache_mode)
         launched = sum(1 for t in trials if t.status != "rejected")
@@ -248,8 +252,8 @@ class Tuner:
         found = self.db.winners(family=problem.family, gpu_name=device.name,
                                 compute_capability=device.compute_capability, dtype=problem.dtype,
                                 shape_key=problem.shape_key, cache_mode=options.cache_mode)
-        if not found:
-            return None
+        if not found or unusable_reason(family, problem.dtype, problem.traits, found[0].trial) is not None:
+            return None  # a search (and its finish) replaces a winner today's space cannot render
         winner = found[0]
         stale = stale_reasons(winner, winner_source_hash(family, winner), device)
         if stale:

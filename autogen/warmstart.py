@@ -12,6 +12,7 @@ from .dtypes import DTYPES
 from .family import Family
 from .problem import Problem, nearest, problem_of_record
 from .search import PENALTY_US
+from .stored import usable_trials
 
 NEAREST_SEEDS = 3  # winners of the nearest tuned shapes tried before the sampler's own picks
 
@@ -21,16 +22,19 @@ class StartingPoint:
     stored: dict[str, TrialRecord]  # kernel name -> trial already in the database (this problem)
     measured: dict[str, tuple[dict, float]]  # the same as Optuna values: kernel -> (params, value)
     seeds: list[dict]  # parameter sets to try first, in order
+    skipped: int = 0  # stored trials of this problem today's family cannot use (autogen.stored)
 
 
 def starting_point(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem,
                    cache_mode: str, warm_start: bool) -> StartingPoint:
-    stored = {t.kernel_name: t for t in db.trials(device, problem.family, problem.dtype, problem.shape_key,
-                                                  cache_mode)}
-    # Trials whose params no longer fit the space (an older autogen) are not told to Optuna.
-    measured = {name: (params, t.time_us if t.status == "ok" else PENALTY_US)
-                for name, t in stored.items() if (params := family.space.stored_point(t.params)) is not None}
-    return StartingPoint(stored, measured, seeds(db, device, family, problem, warm_start))
+    # Trials whose params no longer fit the space (an older or newer autogen), or name another
+    # kernel than their own, are neither resumed nor told to Optuna: such a point is measured again.
+    trials, skipped = usable_trials(family, problem, db.trials(device, problem.family, problem.dtype,
+                                                               problem.shape_key, cache_mode))
+    stored = {t.kernel_name: t for t in trials}
+    measured = {name: (family.space.complete(t.params), t.time_us if t.status == "ok" else PENALTY_US)
+                for name, t in stored.items()}
+    return StartingPoint(stored, measured, seeds(db, device, family, problem, warm_start), skipped)
 
 
 def seeds(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem, warm_start: bool) -> list[dict]:

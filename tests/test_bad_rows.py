@@ -130,6 +130,10 @@ UNSERVABLE = [
         "params", json.dumps({**SGEMV.default_params, "evil": "1); system(\"x\")"}))),
     ("shape_of_another_family", _trial_of_bad_winner("shape_key", "n=8192", winners_too=True)),
     ("shape_out_of_range", _trial_of_bad_winner("shape_key", "m=0,n=16", winners_too=True)),
+    # Issue 34.11: the name is derived from the params; a row naming another kernel carries
+    # that kernel's time, and would be served (and re-measured by bench) under it.
+    ("name_of_another_kernel", _trial_of_bad_winner(
+        "kernel_name", SGEMV.kernel_name("float32", SGEMV.space.check({**SGEMV.default_params, "unroll": 4})))),
 ]
 
 
@@ -180,3 +184,47 @@ def test_a_tampered_trial_does_not_break_reading_trials(tmp_path):
         assert db.trials(H100, "sgemv", "float32", "m=1024,n=16") == []
         (bad_winner,) = db.winners_checked()[1]  # the winner of that trial is reported, too
         assert bad_winner.reason.startswith("its trial (autogen_trials row")
+
+
+# -- consistency of stored rows (issue 34.11) -----------------------------------------------------
+
+
+def test_list_and_show_skip_a_winner_outside_the_space_naming_it(tmp_path, capsys):
+    db = spoiled_db(tmp_path, _trial_of_bad_winner("params", json.dumps({**SGEMV.default_params, "x_path": "ldg2"})))
+    assert main(["list", "--db", db, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert sorted(row["shape"] for row in json.loads(captured.out)) == sorted(GOOD_SHAPES)
+    assert captured.err.count("\n") == 1 and f"winner for m=8192,n=16 on {H100.name} (database)" in captured.err
+    assert "x_path='ldg2' is not one of ['ldg', 'smem']" in captured.err
+    assert main(["show", "sgemv", "--m", "8192", "--n", "16", "--db", db, "--gpu", H100.name]) == 1
+    err = capsys.readouterr().err
+    assert "x_path='ldg2'" in err and "nothing stored for sgemv float32 m=8192,n=16" in err
+
+
+def _duplicate_winner(connection: sqlite3.Connection) -> None:
+    """A second winner row of one problem, as a database whose unique keys were dropped holds."""
+    (create,) = connection.execute("SELECT sql FROM sqlite_master WHERE name = 'autogen_winners'").fetchone()
+    connection.execute("PRAGMA foreign_keys=OFF")
+    connection.execute("ALTER TABLE autogen_winners RENAME TO old_winners")
+    start = create.index("CONSTRAINT uq_autogen_winners_key")
+    connection.execute(create[:start].rstrip().rstrip(",") + create[create.index(")", start) + 1:])
+    connection.execute("INSERT INTO autogen_winners SELECT * FROM old_winners")
+    connection.execute("DROP TABLE old_winners")
+    columns = [row[1] for row in connection.execute("PRAGMA table_info(autogen_winners)") if row[1] != "id"]
+    connection.execute(f"INSERT INTO autogen_winners ({', '.join(columns)}) SELECT {', '.join(columns)} "
+                       "FROM autogen_winners WHERE shape_key = ?", (GOOD_SHAPES[0],))
+
+
+def test_a_duplicate_winner_row_is_read_once(tmp_path, capsys):
+    db = spoiled_db(tmp_path, _duplicate_winner)
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("SELECT count(*) FROM autogen_winners WHERE shape_key = ?",
+                                  (GOOD_SHAPES[0],)).fetchone() == (2,)
+    m, n = (part.split("=")[1] for part in GOOD_SHAPES[0].split(","))
+    assert main(["show", "sgemv", "--m", m, "--n", n, "--db", db, "--gpu", H100.name, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["problem"] == f"sgemv float32 {GOOD_SHAPES[0]}"
+    assert "a second winner of the same GPU model, problem and cache mode" in captured.err
+    assert main(["list", "--db", db, "--json"]) == 0
+    shapes = [row["shape"] for row in json.loads(capsys.readouterr().out)]
+    assert sorted(shapes) == sorted((*GOOD_SHAPES, BAD_SHAPE))

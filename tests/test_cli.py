@@ -130,9 +130,11 @@ def test_a_tampered_record_is_refused_before_rendering(db_url, capsys):
         connection.execute("""UPDATE autogen_trials SET params = '{"threads_per_row": "4) { system(\\"x\\"); } //",
                               "vector_width": 4, "warps_per_block": 4, "rows_per_group": 1, "unroll": 2,
                               "x_path": "ldg", "reduce": "shfl"}'""")
-    assert main(["show", "sgemv", "--m", "64", "--n", "64", "--db", db_url, "--gpu", H100.name]) == 2
-    err = capsys.readouterr().err
-    assert "invalid config" in err and "threads_per_row" in err and "Traceback" not in err
+    # Skipped with one line naming the row and why (issue 34.1), never rendered.
+    assert main(["show", "sgemv", "--m", "64", "--n", "64", "--db", db_url, "--gpu", H100.name]) == 1
+    captured = capsys.readouterr()
+    assert "outside today's space" in captured.err and "threads_per_row" in captured.err
+    assert "Traceback" not in captured.err and "system" not in captured.out
 
 
 def test_a_corrupt_database_file_is_a_clear_error_and_left_alone(tmp_path, capsys):

@@ -422,7 +422,7 @@ def test_cli_refuses_bad_gpus_and_lease(capsys):
     assert main(["tune", "sgemv", "--m", "64", "--n", "16", "--gpus", "0,0"]) == 2
     assert main(["tune", "sgemv", "--m", "64", "--n", "16", "--lease", "1"]) == 2
     err = capsys.readouterr().err
-    assert "--gpus names a GPU twice" in err and "--lease must be at least 2" in err
+    assert "--gpus names a GPU twice" in err and "--lease must be between 2 and 3600 seconds, got 1" in err
 
 
 def _statements(engine):
@@ -575,3 +575,92 @@ def test_compile_workers_run_at_a_lower_priority_than_the_tuner():
         assert pool.submit(os.nice, 0).result() == min(19, os.nice(0) + COMPILE_NICENESS)
     finally:
         pool.shutdown(wait=True)
+
+
+# -- nothing waits forever (issue 34.2) -----------------------------------------------------------
+
+
+def _dead_claim(url, params, lease_s, spoil=None):
+    """A running claim of another worker (killed) on a point of PROBLEM; ``spoil`` (SQL text)
+    then replaces its params column as a tampered or foreign row would."""
+    from tuning_db.records import TrialRecord
+
+    from autogen.render import render
+    from autogen.search import _body_hash
+
+    config = SGEMV.space.check(params)
+    name = SGEMV.kernel_name("float32", config)
+    trial = TrialRecord("sgemv", "float32", PROBLEM.shape_key, name, config.as_dict(), "rejected")
+    variant = _body_hash(render(SGEMV, "float32", config), name)
+    assert TuningDB(url).claim(DEVICE, trial, variant, "dead:1:gpu", lease_s).status == "claimed"
+    if spoil is not None:
+        import sqlite3
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as connection:
+            connection.execute("UPDATE autogen_claims SET params = ?", (spoil,))
+    return name
+
+
+def _tune_within(url, limit_s: float, **options):
+    """Tune PROBLEM on the replay aid in a thread; (result or the exception, progress lines)
+    once it ends, failing the test when it runs past ``limit_s``."""
+    from autogen.tuner import Tuner
+
+    lines, outcome = [], []
+
+    def work():
+        try:
+            tuner = Tuner(PROBLEM, TuneOptions(db_url=url, workers=1, **options), progress=lines.append,
+                          backend_factory=lambda *_args: ReplayBackend(RECORDING))
+            outcome.append(tuner.run())
+        except BaseException as exc:  # reported by the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert not thread.is_alive(), f"tune still waiting after {limit_s} s: {lines[-3:]}"
+    assert not isinstance(outcome[0], BaseException), outcome[0]
+    return outcome[0], lines
+
+
+NEAR_DEFAULT = {**SGEMV.default_params, "unroll": 4}
+
+
+@pytest.mark.parametrize("spoil, lease_s", [
+    (None, 1e9),  # a worker started with a huge lease, killed while holding a claim
+    (json.dumps({**NEAR_DEFAULT, "x_path": "ldg2"}), 0.0),  # lapsed, outside today's space
+    ("{not json", 0.0),
+    ("[4, 4, 4]", 0.0),
+    ("{not json", 1e9),  # unreadable and held: released, not waited for
+], ids=["huge_lease", "outside_the_space", "not_json", "json_list", "not_json_held"])
+def test_a_dead_or_unreadable_claim_is_never_waited_for(tmp_path, spoil, lease_s):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    name = _dead_claim(url, NEAR_DEFAULT, lease_s, spoil)
+    result, lines = _tune_within(url, 30, trials=4, lease_s=LEASE_S)
+    assert result.winner is not None
+    claims = TuningDB(url).claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key, running=True)
+    assert claims == []  # taken over and measured, or released
+    if spoil is None:
+        assert any(f"taking over {name} from dead:1:gpu" in line for line in lines)
+    else:
+        assert any(f"released dead:1:gpu's claim of {name}: it is not a point" in line for line in lines)
+
+
+def test_timeout_bounds_the_wait_for_other_workers(tmp_path):
+    # Another worker holds a live claim for longer than the time limit: tune stops waiting there.
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    _dead_claim(url, NEAR_DEFAULT, 120.0)
+    started = time.monotonic()
+    result, lines = _tune_within(url, 40, trials=4, lease_s=LEASE_S, timeout_s=1.0)
+    assert time.monotonic() - started < 30 and result.winner is not None
+    assert any("the time limit is up: not waiting for 1 variant(s) other workers hold" in line for line in lines)
+
+
+def test_the_lease_has_an_upper_bound():
+    from autogen.tuner import check_options
+
+    from autogen.options import MAX_LEASE_S
+
+    with pytest.raises(UsageError, match=f"--lease must be between 2 and {MAX_LEASE_S:g} seconds"):
+        check_options(TuneOptions(lease_s=1e9))
+    check_options(TuneOptions(lease_s=MAX_LEASE_S))

@@ -54,14 +54,27 @@ TIE, TIED_WINNER, TIED_LOSER = (1024, 16), (2048, 16), (512, 16)
 def store_winner(db: TuningDB, device: DeviceIdentity, family: str, dims: dict, params: dict, time_us: float,
                  peer_time_us: float | None = None, dtype: str = "float32", shape_key: str | None = None,
                  kernel_name: str | None = None) -> None:
-    """An ok trial made the winner, with whatever params and keys the test wants stored."""
+    """An ok trial made the winner, with whatever params and keys the test wants stored; named
+    as its params name it where they are a point of the family's space."""
     key = shape_key or ",".join(f"{k}={v}" for k, v in dims.items())
-    trial = TrialRecord(family=family, dtype=dtype, shape_key=key, kernel_name=kernel_name or f"k{len(key)}_{time_us}",
+    kernel_name = kernel_name or _procedural_name(family, dtype, key, params) or f"k{len(key)}_{time_us}"
+    trial = TrialRecord(family=family, dtype=dtype, shape_key=key, kernel_name=kernel_name,
                         params=params, status="ok", time_us=time_us, samples_us=(time_us,), spread_us=0.01,
                         error=1e-7, source_hash="0" * 64, compile_options="--gpu-architecture=" + device.arch)
     db.record_trial(device, trial)
     db.set_winner(device, trial, peer_name="cuBLAS sgemv" if peer_time_us else "", peer_time_us=peer_time_us,
                   margin=0.05, autogen_version="0.1.0")
+
+
+def _procedural_name(family: str, dtype: str, key: str, params: dict) -> str | None:
+    from autogen.errors import AutogenError
+    from autogen.problem import problem_of_record
+
+    fam, problem = get_family(family), problem_of_record(family, dtype, key)
+    try:
+        return fam.kernel_name(dtype, fam.space.check(params), problem.traits if problem else ())
+    except (AutogenError, KeyError):
+        return None
 
 
 def sgemv_db(url: str, devices=(H100,)) -> str:
@@ -324,12 +337,34 @@ def test_nothing_tuned_exits_1_and_writes_nothing(tmp_path, capsys, no_catalog):
     assert not out.exists()
 
 
+OUTSIDE_THE_SPACE = [
+    ({**SMALL_ROWS, "threads_per_row": 3}, "threads_per_row=3 is not one of"),
+    ({**SMALL_ROWS, "x_path": 'ldg"); system("rm -rf /"); //'}, "x_path='ldg\"); system("),
+    ({**SMALL_ROWS, "unroll": "2"}, "unroll='2' is not one of"),
+    ({**SMALL_ROWS, "extra": 1}, "unknown parameter(s) extra"),
+    ({**SMALL_ROWS, "threads_per_row": 64, "warps_per_block": 1}, "needs warps_per_block >= 2"),
+]
+
+
+@pytest.mark.parametrize("params, fragment", OUTSIDE_THE_SPACE)
+def test_a_winner_outside_the_space_is_skipped_naming_it(tmp_path, capsys, params, fragment):
+    """Issue 34.1: a winner an older or newer autogen's space held (or tampered params) is left
+    out with a warning naming it; the other shapes are exported, and the payload never is."""
+    import sqlite3
+
+    url = sgemv_db(f"sqlite:///{tmp_path / 'tuning.db'}")
+    with sqlite3.connect(tmp_path / "tuning.db") as connection:
+        connection.execute("UPDATE autogen_trials SET params = ? WHERE shape_key = 'm=512,n=16'", (json.dumps(params),))
+    out = tmp_path / "out"
+    assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", url, "--json") == 0
+    captured = capsys.readouterr()
+    shapes = {s["shape"] for s in json.loads(captured.out)["entry_points"][0]["shapes"]}
+    assert shapes == {f"m={m},n={n}" for m, n in SGEMV_WINNERS} - {"m=512,n=16"}
+    assert captured.err.count("\n") == 1 and "shape 'm=512,n=16'" in captured.err and fragment in captured.err
+    assert "system" not in (out / "autogen_sgemv.cu").read_text()
+
+
 @pytest.mark.parametrize("field, stored, fragment", [
-    ("params", {**SMALL_ROWS, "threads_per_row": 3}, "threads_per_row=3 is not one of"),
-    ("params", {**SMALL_ROWS, "x_path": 'ldg"); system("rm -rf /"); //'}, "x_path='ldg\"); system("),
-    ("params", {**SMALL_ROWS, "unroll": "2"}, "unroll='2' is not one of"),
-    ("params", {**SMALL_ROWS, "extra": 1}, "unknown parameter(s) extra"),
-    ("params", {**SMALL_ROWS, "threads_per_row": 64, "warps_per_block": 1}, "needs warps_per_block >= 2"),
     ("shape_key", "m=16,n=16;int evil", "bad shape"),
     ("shape_key", "n=16,m=16", "bad shape"),
     ("shape_key", "m=016,n=16", "not canonical"),
@@ -370,11 +405,15 @@ def test_stored_names_and_free_text_never_reach_the_code(tmp_path):
                           '13.0\n#error nvrtc')
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     with TuningDB(url) as db:
-        store_winner(db, evil, "sgemv", {"m": 64, "n": 64}, SMALL_ROWS, 2.0, 3.0,
+        store_winner(db, evil, "sgemv", {"m": 64, "n": 64}, SMALL_ROWS, 2.0, 3.0)
+        # A stored name its params do not derive is an inconsistent row: left out, counted.
+        store_winner(db, evil, "sgemv", {"m": 128, "n": 64}, SMALL_ROWS, 2.0, 3.0,
                      kernel_name='sgemv"); abort(); //')
     out = tmp_path / "out"
-    assert export_module.export(export_module.ExportRequest("sgemv", out, db_url=url, self_test=True),
-                                detect=lambda: None).model.gpu.name == evil.name
+    result = export_module.export(export_module.ExportRequest("sgemv", out, db_url=url, self_test=True),
+                                  detect=lambda: None)
+    assert result.model.gpu.name == evil.name and len(result.skipped) == 1 and "abort" in result.skipped[0]
+    assert [s["shape"] for s in result.summary()["entry_points"][0]["shapes"]] == ["m=64,n=64"]
     literal = r'"Evil GPU \134\012#include \042/etc/passwd\042\012*/ int x;"'
     for path in out.iterdir():
         text = path.read_text()

@@ -204,6 +204,39 @@ def test_a_database_in_a_read_only_folder_is_readable(tmp_path, capsys):
     assert snapshot(db.parent) == before
 
 
+def test_rows_still_in_the_wal_are_read_where_no_shm_can_be_made(tmp_path, capsys):
+    # Issue 34.9: a WAL database whose newest rows are still in its -wal, with no -shm, in a
+    # folder that cannot be written (copied off a machine whose writer had not checkpointed).
+    # Opened immutable, it read as of its last checkpoint with no word; now the -wal is read.
+    source = tuned_db(tmp_path / "source" / "tuning.db")
+    keep_open = sqlite3.connect(source)  # the -wal stays while a connection is open
+    try:
+        keep_open.execute("SELECT count(*) FROM autogen_winners").fetchone()
+        with TuningDB(source) as db:
+            store_winner(db, H100, 4096, 16, time_us=3.0)
+        assert (source.parent / "tuning.db-wal").stat().st_size > 0
+        copied = tmp_path / "copied" / "tuning.db"
+        copied.parent.mkdir()
+        for suffix in ("", "-wal"):  # as they are: the new winner is in the -wal only
+            copied.with_name(copied.name + suffix).write_bytes(source.with_name(source.name + suffix).read_bytes())
+    finally:
+        keep_open.close()
+    before = snapshot(copied.parent)
+    undo = make_read_only(copied.parent)
+    if undo is None:
+        pytest.skip("cannot make a folder unwritable here (root without chattr +i)")
+    try:
+        assert main(["list", "--db", str(copied), "--json"]) == 0
+        captured = capsys.readouterr()
+        with TuningDB(copied, readonly=True) as db:
+            shapes = sorted(w.trial.shape_key for w in db.winners())
+    finally:
+        undo()
+    assert sorted(row["shape"] for row in json.loads(captured.out)) == shapes == [
+        "m=1024,n=1024", "m=16384,n=16", "m=4096,n=16"], captured.err
+    assert snapshot(copied.parent) == before  # still no -shm, not a byte changed
+
+
 # -- another application's database ---------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ from an exhaustive search on the lent H100; ReplayBackend (a test aid) serves it
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,33 @@ def test_a_choice_dropped_later_opens_a_new_study_that_learns_what_still_fits(db
     told = {t.user_attrs.get("kernel") for t in optuna.load_study(study_name=name, storage=db_url).get_trials()}
     fitting = {t.kernel_name for t in stored(db_url) if t.params["x_path"] == "ldg"}
     assert told == fitting and earlier < fitting  # the earlier run's ldg variants and this run's
+
+
+@pytest.mark.parametrize("tamper", ["params_outside_the_space", "name_from_a_newer_space"])
+def test_a_stored_trial_outside_todays_space_never_blocks_tuning(db_url, tamper):
+    # Issue 34.1: the fastest stored trial (the winner) holds a choice today's space lacks, as a
+    # tampered row or a newer autogen's would. It is skipped and counted once; the search and
+    # its finish go on and store a winner of today's space in its place.
+    import sqlite3
+
+    run(db_url, trials=8)
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as connection:
+        (trial_id, params, name), = connection.execute(
+            "SELECT t.id, t.params, t.kernel_name FROM autogen_winners w JOIN autogen_trials t ON t.id = w.trial_id")
+        spoiled = {**json.loads(params), "x_path": "ldg2"}
+        new_name = name.replace("_xldg_", "_xldg2_").replace("_xsmem_", "_xldg2_")
+        connection.execute("UPDATE autogen_trials SET params = ?, kernel_name = ? WHERE id = ?",
+                           (json.dumps(spoiled), new_name if tamper == "name_from_a_newer_space" else name,
+                            trial_id))
+    lines = []
+    backend = ReplayBackend(RECORDING)
+    tuner = Tuner(PROBLEM, TuneOptions(db_url=db_url, workers=1, trials=12), progress=lines.append,
+                  backend_factory=lambda *_args: backend)
+    result = tuner.run()
+    assert result.winner is not None and result.winner.trial.params["x_path"] in ("ldg", "smem")
+    stored_winner = TuningDB(db_url).winner(result.device, "sgemv", "float32", PROBLEM.shape_key)
+    assert stored_winner.trial.kernel_name == result.winner.trial.kernel_name
+    assert [line for line in lines if "outside today's space" in line] == [
+        "skipped 1 stored trial outside today's space (params not in the family's space, or naming another "
+        "kernel than the stored name)"]
+    assert len(backend.evaluator.evaluated) >= 4  # the new trials were measured, then a winner stored

@@ -140,7 +140,7 @@ class ClaimRecord:
     cache_mode: str
     variant: str  # hash of the variant's code with its name masked
     kernel_name: str
-    params: dict = field(hash=False)
+    params: dict | None = field(hash=False)  # None: stored as something else than a JSON object
     owner: str = ""
     state: str = "running"  # "running" | "done"
     expires_in_s: float = 0.0  # seconds left on the lease when read (negative: lapsed)

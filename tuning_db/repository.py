@@ -20,6 +20,7 @@ tuning_db.rows (what the schema at hand holds, rows checked into records).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -418,7 +419,7 @@ class TuningDB:
                 GpuRow.name, GpuRow.compute_capability, WinnerRow.family, WinnerRow.dtype,
                 WinnerRow.shape_key, mode, WinnerRow.id,
             )
-            return _sorted_checked(session.execute(query), _winner_record, _invalid_winner)
+            return _one_per_key(*_sorted_checked(session.execute(query), _winner_with_id, _invalid_winner))
 
         return self._reading(read, ([], []))
 
@@ -432,11 +433,14 @@ class TuningDB:
         owner: str,
         lease_s: float,
         budget: int | None = None,
+        longest_lease_s: float | None = None,
     ) -> Claim:
         """Claim the variant of ``trial`` (its problem, kernel name, params and cache mode) for
         ``owner`` for ``lease_s`` seconds, unless it is measured already, another worker holds a
         live lease on it, or ``budget`` trials of the problem (stored ones plus running claims)
-        are reached. A lapsed lease is taken over (pass no budget: it holds its place already). Decided under the write lock (SQLite: BEGIN
+        are reached. A lapsed lease is taken over (pass no budget: it holds its place already),
+        and so is one with more than ``longest_lease_s`` left (no worker keeping to that bound
+        wrote it: a worker killed holding it would block the variant). Decided under the write lock (SQLite: BEGIN
         IMMEDIATE; PostgreSQL: the GPU row FOR UPDATE), so concurrent workers never both win,
         and the budget is exact across them."""
         with self._write() as session:
@@ -447,7 +451,8 @@ class TuningDB:
             row = connection.execute(_CLAIM_OF_VARIANT, {**problem, "variant": variant}).one_or_none()
             if row is not None and row.state == "done":
                 return Claim("done", row.kernel_name)
-            if row is not None and row.expires_at > now and row.owner != owner:
+            left = None if row is None else _lease_left(row.expires_at, now)
+            if left is not None and 0 < left <= (longest_lease_s or math.inf) and row.owner != owner:
                 return Claim("taken", row.kernel_name)
             stored = connection.execute(_STORED_KERNEL, {**problem, "kernel_name": trial.kernel_name}).scalar()
             if stored is not None:  # measured before claims existed, or without one
@@ -489,6 +494,19 @@ class TuningDB:
             statement = delete(ClaimRow).where(ClaimRow.owner == owner, ClaimRow.state == "running")
             return session.execute(statement, execution_options=UNSYNCHRONIZED).rowcount
 
+    def release_claim(self, device: DeviceIdentity, claim: ClaimRecord) -> int:
+        """Give back one running claim as read (its owner and variant unchanged since): one whose
+        params cannot be read or checked is released rather than waited for. Returns 0 or 1."""
+        with self._write() as session:
+            gpu_id = _lock_gpu(session, device)
+            if gpu_id is None:
+                return 0
+            statement = delete(ClaimRow).where(
+                ClaimRow.gpu_id == gpu_id, ClaimRow.family == claim.family, ClaimRow.dtype == claim.dtype,
+                ClaimRow.shape_key == claim.shape_key, ClaimRow.cache_mode == claim.cache_mode,
+                ClaimRow.variant == claim.variant, ClaimRow.owner == claim.owner, ClaimRow.state == "running")
+            return session.execute(statement, execution_options=UNSYNCHRONIZED).rowcount
+
     def renew_claims(self, owner: str, lease_s: float) -> int:
         """The heartbeat: extend every running claim of ``owner`` to ``lease_s`` from now."""
         with self._write() as session:
@@ -513,8 +531,8 @@ class TuningDB:
             if running:
                 query = query.where(ClaimRow.state == "running")
             return [ClaimRecord(row.family, row.dtype, row.shape_key, row.cache_mode, row.variant,
-                                row.kernel_name, json.loads(row.params), row.owner, row.state,
-                                row.expires_at - now, row.attempts)
+                                row.kernel_name, _claim_params(row.params), row.owner, row.state,
+                                _lease_left(row.expires_at, now), row.attempts)
                     for row in session.scalars(query)]
 
         return self._reading(read, [])
@@ -625,6 +643,45 @@ class TuningDB:
 
     def _upsert_gpu(self, session: Session, device: DeviceIdentity) -> int:
         return self._upsert(session, GpuRow, GpuRow.values_of(device), GPU_KEY)
+
+
+def _winner_with_id(m: Mapping) -> tuple[object, WinnerRecord]:
+    return m["w_id"], _winner_record(m)
+
+
+def _one_per_key(found: list[tuple[object, WinnerRecord]], bad: list[InvalidRow]
+                 ) -> tuple[list[WinnerRecord], list[InvalidRow]]:
+    """One winner per (GPU model, problem, cache mode), as the schema's unique keys promise: a
+    database whose keys were dropped, or whose GPU rows repeat a model, may hold several. The
+    first in read order (the lowest row id) is read; the others are reported as invalid rows."""
+    kept: dict[tuple, WinnerRecord] = {}
+    for row_id, w in found:
+        key = (w.device.name, w.device.compute_capability, w.trial.family, w.trial.dtype, w.trial.shape_key,
+               w.trial.cache_mode)
+        first = kept.setdefault(key, w)
+        if first is not w:
+            bad.append(InvalidRow(WinnerRow.__tablename__, row_id, "a second winner of the same GPU model, "
+                                  f"problem and cache mode (the first, of kernel {first.trial.kernel_name}, is read)",
+                                  gpu=w.device.name, family=w.trial.family, dtype=w.trial.dtype,
+                                  shape_key=w.trial.shape_key, cache_mode=w.trial.cache_mode))
+    return list(kept.values()), bad
+
+
+def _claim_params(stored: object) -> dict | None:
+    """A claim's params, or None where they are not a JSON object (a tampered or foreign row):
+    whoever reads the claim releases it rather than waiting for it."""
+    try:
+        params = json.loads(stored) if isinstance(stored, str) else None
+    except ValueError:
+        return None
+    return params if isinstance(params, dict) else None
+
+
+def _lease_left(expires_at: object, now: float) -> float:
+    """Seconds left on a claim's lease; a value that is not a finite number reads as lapsed."""
+    if isinstance(expires_at, bool) or not isinstance(expires_at, (int, float)) or not math.isfinite(expires_at):
+        return -1.0
+    return expires_at - now
 
 
 def _lock_gpu(session: Session, device: DeviceIdentity) -> int | None:

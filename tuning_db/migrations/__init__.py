@@ -7,6 +7,7 @@ transaction; tuning_db.repository opens that connection, commits, and words the 
 from __future__ import annotations
 
 import sqlite3
+import sys
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
@@ -196,9 +197,8 @@ def connect_sqlite_readonly(path: Path) -> sqlite3.Connection:
     Opened with ``mode=ro``. SQLite would still create ``-wal`` and ``-shm`` files beside a WAL
     database whose ``-wal`` is absent (and fail to open it in a folder it cannot write), so such a
     file, whose content is then entirely in the main file, is opened ``immutable``; readers
-    re-read when the file changed meanwhile (see TuningDB). Anything else that cannot be opened
-    read-only (a ``-wal`` without its ``-shm`` in a read-only folder) is opened immutable too,
-    reading the main file as it is.
+    re-read when the file changed meanwhile (see TuningDB). A ``-wal`` without its ``-shm`` in a
+    folder that cannot be written holds rows the main file lacks yet: see _connect_without_shm.
     """
     base = f"file:{quote(str(path.resolve()))}?mode=ro"
     wal = path.with_name(path.name + "-wal")
@@ -214,8 +214,37 @@ def connect_sqlite_readonly(path: Path) -> sqlite3.Connection:
         connection.close()
         if getattr(exc, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
             raise
+        if wal.exists():
+            return _connect_without_shm(base, path)
         return sqlite3.connect(base + "&immutable=1", uri=True, check_same_thread=False)
     return connection
+
+
+# A read-only WAL database whose -shm is missing and cannot be created (wal.html, "Read-Only
+# Databases": SQLite opens it only where the -shm exists or can be made, or as immutable, which
+# ignores the -wal). In EXCLUSIVE locking mode SQLite keeps the WAL index in heap memory and needs
+# no -shm; a read-only connection takes that mode only without file locks (the "-none" VFS). No
+# writer is connected (a writer would have made the -shm), and TuningDB re-reads where the files
+# changed during a read.
+_NO_LOCK_VFS = "win32-none" if sys.platform == "win32" else "unix-none"
+_said_stale: set[Path] = set()
+
+
+def _connect_without_shm(base: str, path: Path) -> sqlite3.Connection:
+    """The database with the rows of its -wal, read through a WAL index in memory; where even that
+    fails (the -wal cannot be read), the main file as it is, said once to be possibly stale."""
+    connection = sqlite3.connect(f"{base}&vfs={_NO_LOCK_VFS}", uri=True, check_same_thread=False)
+    try:
+        connection.execute("PRAGMA locking_mode=EXCLUSIVE")
+        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return connection
+    except sqlite3.Error as exc:
+        connection.close()
+        if path not in _said_stale:
+            _said_stale.add(path)
+            print(f"autogen: warning: {path} is read as of its last checkpoint: its -wal, which may hold "
+                  f"newer rows, cannot be read here ({exc}) and its folder cannot be written", file=sys.stderr)
+    return sqlite3.connect(base + "&immutable=1", uri=True, check_same_thread=False)
 
 
 def is_wal_file(path: Path) -> bool:
