@@ -412,9 +412,22 @@ def all_families(include_plugins: bool = True) -> dict[str, Family]:
     return dict(sorted(_REGISTRY.items()))
 
 
+def registered_family(name: str) -> Family | None:
+    """The family called `name` among those this environment registers (built-ins, plug-ins of
+    the entry-point group, modules already imported), else None. For a name read from data (a
+    database row, a catalog entry): it never imports a module the name points to, so a shared
+    database cannot make its readers run code from their sys.path."""
+    _load_builtins()
+    if name not in _REGISTRY:
+        _load_entry_points()
+    return _REGISTRY.get(name)
+
+
 def get_family(name: str) -> Family:
-    """The family called `name`; a dotted name not yet registered is imported (`mykernels.axpy`
-    imports the module mykernels.axpy, else mykernels) or found among the plug-ins."""
+    """The family called `name`, as the user typed it (command line, autogen.lookup): a dotted
+    name not yet registered is imported (`mykernels.axpy` imports the module mykernels.axpy,
+    else mykernels) or found among the plug-ins. A name read from data goes through
+    registered_family instead."""
     _load_builtins()
     if name in _REGISTRY:
         return _REGISTRY[name]
