@@ -279,7 +279,7 @@ def cmd_export(args) -> int:
 
     out = check_export_out(args.out)
     result = export(ExportRequest(args.family, out, gpu=args.gpu, arch=args.arch, db_url=args.db,
-                                  self_test=args.self_test))
+                                  self_test=args.self_test, force=args.force))
     summary = result.summary()
     if args.self_test and not summary["self_test_hook"]:
         print(f"autogen: note: {args.family} has no self-test hook yet; the self-test skips it", file=sys.stderr)
