@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 
 from .errors import InvalidConfigError, NotTunedError, UsageError
-from .family import get_family, registered_family
+from .family import check_family_renders, get_family, registered_family
 from .options import check_db_url, check_export_out, check_tune_options, problems_from_args
 from .report import performance, render_table, terminal_text, to_json, tune_summary, tune_table
 
@@ -22,7 +22,10 @@ def run(args) -> int:
 
 
 def _family(args):
-    return args.family_object or get_family(args.family)
+    """The family a command names; a user's is checked to render first (check_family_renders)."""
+    family = args.family_object or get_family(args.family)
+    check_family_renders(family)
+    return family
 
 
 def cmd_tune(args) -> int:

@@ -29,7 +29,7 @@ from tuning_db.records import DeviceIdentity, WinnerRecord, one_per_problem
 
 from . import __version__
 from .errors import GpuUnavailableError, InvalidConfigError, NotTunedError, UsageError
-from .family import Family, get_family
+from .family import Family, check_family_renders, get_family
 from .dtypes import DTYPES
 from .problem import Config, Problem, nearest, parse_shape_key
 from .paths import write_atomically
@@ -513,6 +513,7 @@ def _digest_text(text: str) -> str:
 def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] | None = None) -> ExportResult:
     """The whole command: select, check, render, write."""
     family = get_family(request.family)
+    check_family_renders(family)
     arch = request.arch
     if arch is not None:
         arch_to_cc(arch)  # a malformed --arch is a usage error before the database is opened

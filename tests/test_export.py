@@ -292,15 +292,6 @@ def test_c_dispatch_follows_the_python_rule(exported, tmp_path):
 # -- refusals ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_catalog(monkeypatch):
-    from autogen import pretuned
-    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
-    pretuned.pretuned_db.cache_clear()
-    yield
-    pretuned.pretuned_db.cache_clear()
-
-
 def test_a_fresh_machine_exports_the_shipped_catalog(tmp_path, monkeypatch, capsys):
     from autogen import pretuned
     pretuned.pretuned_db.cache_clear()
