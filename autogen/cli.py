@@ -179,6 +179,9 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     export.add_argument("family", help=f"kernel family: {_family_names()}")
     export.add_argument("--out", required=True, metavar="DIR",
                         help="folder to write into (created if missing; fixed file names, never outside it)")
+    export.add_argument("--force", action="store_true",
+                        help="write into a folder holding files autogen did not write, replacing those of "
+                             "the export's file names (without it such a folder is refused)")
     export.add_argument("--gpu", help="export the winners of this GPU name (default: this machine's GPU; else, "
                                       "where several of one architecture are stored, the one with the most tuned "
                                       "shapes of the family)")

@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 
 from .errors import InvalidConfigError, NotTunedError
-from .family import get_family
+from .family import check_family_renders, get_family, registered_family
 from .options import (check_db_url, check_export_out, check_storing_db, check_tune_options, missing_sqlite_file,
                       problems_from_args)
 from .report import performance, render_table, terminal_text, to_json, tune_summary, tune_table
@@ -23,7 +23,10 @@ def run(args) -> int:
 
 
 def _family(args):
-    return args.family_object or get_family(args.family)
+    """The family a command names; a user's is checked to render first (check_family_renders)."""
+    family = args.family_object or get_family(args.family)
+    check_family_renders(family)
+    return family
 
 
 def cmd_tune(args) -> int:
@@ -158,14 +161,12 @@ def _winners(db_url, **filters):
 def _consistent(found: list) -> list:
     """The (source, winner) pairs whose family, where known here, can render the winner under
     its stored name (autogen.stored); the others are reported, one line each, and skipped."""
-    from .errors import AutogenError
     from .stored import winner_unusable_reason
 
     kept = []
     for source, winner in found:
-        try:
-            family = get_family(winner.trial.family)
-        except AutogenError:
+        family = registered_family(winner.trial.family)  # a name read from data: never imported
+        if family is None:
             kept.append((source, winner))  # an unknown family: its rows are shown as such
             continue
         reason = winner_unusable_reason(family, winner)
@@ -225,9 +226,8 @@ def _staleness():
         local = None
 
     def stale(winner) -> list[str]:
-        try:
-            family = get_family(winner.trial.family)
-        except AutogenError:
+        family = registered_family(winner.trial.family)  # read from a row: never imported
+        if family is None:
             return ["unknown family"]
         same_gpu = local is not None and (local.name, local.compute_capability) == (
             winner.device.name, winner.device.compute_capability)
@@ -326,9 +326,10 @@ def cmd_export(args) -> int:
     from .export import ExportRequest, export
 
     out = check_export_out(args.out)
+    check_family_renders(get_family(args.family))  # a family that cannot render: its error, and nothing else
     _note_missing_db(args.db)
     result = export(ExportRequest(args.family, out, gpu=args.gpu, arch=args.arch, db_url=args.db,
-                                  self_test=args.self_test))
+                                  self_test=args.self_test, force=args.force))
     summary = result.summary()
     _note_passed_over(summary["gpu"], [(o["gpu"], o["shapes"]) for o in summary["also_tuned_on"]])
     for skipped in result.skipped:

@@ -34,7 +34,7 @@ from tuning_db.engine import display_url
 
 from .bound import MAX_REMEMBERED, MISSED, bind_once, sighting
 from .errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
-from .family import call_stream, get_family
+from .family import call_stream, check_family_renders, get_family
 from .launch import LaunchError, ensure_context, launch_ex, libcuda
 from .notes import note_once
 from .problem import Config, Problem, nearest, parse_shape_key, problem_of_record
@@ -149,6 +149,7 @@ class Dispatcher:
         from .gpu import device_identity
 
         family = get_family(problem.family)
+        check_family_renders(family)
         device = device_identity()
         if pdl and not getattr(family, "pdl_capable", False):
             raise UsageError(f"{family.name} has no programmatic-dependent-launch variant (pdl=True)")

@@ -13,6 +13,11 @@ class UsageError(AutogenError):
     exit_code = 2
 
 
+class FamilyError(UsageError):
+    """A kernel family's definition is broken (a name, a choice, its template): found when it
+    registers, or when its default point is first rendered. Names the family and its module."""
+
+
 class ArgumentError(UsageError, ValueError):
     """A bad argument to a kernel call: wrong dtype, layout, device or shape. Names the argument."""
 

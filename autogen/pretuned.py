@@ -12,10 +12,12 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 from pathlib import Path
 
 from tuning_db import one_per_problem
 from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
+from tuning_db.rows import _device_record, _Malformed, _number, _text, _trial_record
 
 from .paths import write_atomically
 
@@ -54,18 +56,87 @@ def dump_catalog(db, gpu_name: str, path: Path, keep: bool = False) -> int:
 
 
 def load_catalog(path: Path) -> list[WinnerRecord]:
-    """The winners of one catalog file, with the times they were tuned."""
-    document = json.loads(Path(path).read_text())
-    if document.get("format") != FORMAT:
-        raise ValueError(f"{path}: unsupported catalog format {document.get('format')!r}")
-    winners = []
-    for entry in document["entries"]:
-        trial = TrialRecord(**dict(entry["trial"], samples_us=tuple(entry["trial"]["samples_us"])))
-        winners.append(WinnerRecord(device=DeviceIdentity(**entry["device"]), trial=trial,
-                                    peer_name=entry["peer_name"], peer_time_us=entry["peer_time_us"],
-                                    margin=entry["margin"], autogen_version=entry["autogen_version"],
-                                    updated_at=entry.get("updated_at") or trial.created_at))
+    """The winners of one catalog file, with the times they were tuned. Each entry is checked as a
+    database row is (tuning_db.rows); a file that is not a catalog of this format, and the entries
+    that cannot become records, are skipped with one warning for the file: a damaged catalog
+    never stops a command, it only serves less."""
+    try:
+        entries = _catalog_entries(Path(path))
+    except _Malformed as exc:
+        _warn(path, f"skipped the whole file: {exc}")
+        return []
+    winners, skipped = [], []
+    for number, entry in enumerate(entries):
+        try:
+            winners.append(_catalog_winner(entry))
+        except _Malformed as exc:
+            skipped.append(f"entry {number}: {exc}")
+    if skipped:
+        more = f"; and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        _warn(path, f"skipped {len(skipped)} of its {len(entries)} entries ({skipped[0]}{more})")
     return winners
+
+
+def _warn(path: Path, message: str) -> None:
+    from .report import terminal_text
+    print(f"autogen: warning: shipped catalog {terminal_text(str(path))}: {terminal_text(message)}",
+          file=sys.stderr)
+
+
+def _catalog_entries(path: Path) -> list:
+    """The entries of a catalog file; _Malformed when it cannot be read as one."""
+    try:
+        document = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise _Malformed(f"cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:  # truncated, empty, not UTF-8, not JSON
+        raise _Malformed(f"it is not JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise _Malformed("it is not a JSON object")
+    if document.get("format") != FORMAT:
+        raise _Malformed(f"unsupported catalog format {document.get('format')!r} (this autogen reads {FORMAT})")
+    if not isinstance(document.get("entries"), list):
+        raise _Malformed("its entries are not a JSON array")
+    return document["entries"]
+
+
+_ENTRY_FIELDS = frozenset({"device", "trial", "peer_name", "peer_time_us", "margin", "autogen_version", "updated_at"})
+_TRIAL_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialRecord))
+_DEVICE_FIELDS = frozenset(f.name for f in dataclasses.fields(DeviceIdentity))
+_GPU_COLUMNS = ("name", "compute_capability", "sm_count", "l2_bytes")  # the rest are the trial's
+
+
+def _catalog_winner(entry: object) -> WinnerRecord:
+    """A catalog entry as a WinnerRecord, every value checked by the database's row checks."""
+    entry = _fields(entry, _ENTRY_FIELDS, "the entry", optional={"updated_at"})
+    trial = _fields(entry["trial"], _TRIAL_FIELDS, "its trial")
+    device = _fields(entry["device"], _DEVICE_FIELDS, "its device")
+    # The columns a database row would hold, so the same checks judge both.
+    row = {"t_" + name: value for name, value in trial.items()}
+    row.update(t_params=json.dumps(trial["params"]), t_samples_us=json.dumps(trial["samples_us"]))
+    row.update({("g_" if name in _GPU_COLUMNS else "t_") + name: value for name, value in device.items()})
+    record = _trial_record(row)
+    if record.status != "ok":
+        raise _Malformed(f"its trial has status {record.status!r}; only an ok trial can win")
+    return WinnerRecord(device=_device_record(row), trial=record,
+                        peer_name=_text(entry, "peer_name", "peer_name"),
+                        peer_time_us=_number(entry["peer_time_us"], "peer_time_us", positive=True),
+                        margin=_number(entry["margin"], "margin"),
+                        autogen_version=_text(entry, "autogen_version", "autogen_version"),
+                        updated_at=_text(entry, "updated_at", "updated_at") if entry.get("updated_at")
+                        else record.created_at)
+
+
+def _fields(value: object, names: frozenset[str], what: str, optional: set[str] = frozenset()) -> dict:
+    if not isinstance(value, dict):
+        raise _Malformed(f"{what} is not a JSON object")
+    missing = sorted(names - optional - value.keys())
+    unknown = sorted(value.keys() - names)
+    if missing or unknown:
+        raise _Malformed(f"{what} " + "; ".join(
+            part for part in (missing and f"lacks {', '.join(missing)}",
+                              unknown and f"has unknown field(s) {', '.join(map(str, unknown))}") if part))
+    return value
 
 
 class ShippedCatalog:
@@ -87,7 +158,7 @@ class ShippedCatalog:
                 and (compute_capability is None or w.device.compute_capability == compute_capability)]
 
     def winners_checked(self, **filters) -> tuple[list[WinnerRecord], list]:
-        """As TuningDB.winners_checked: the catalog ships no invalid rows."""
+        """As TuningDB.winners_checked: invalid entries were left out (and warned of) on loading."""
         return self.winners(**filters), []
 
     def winner(self, device: DeviceIdentity, family: str, dtype: str, shape_key: str,

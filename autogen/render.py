@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from pathlib import Path
 
 import jinja2
 
@@ -52,14 +53,45 @@ def _environment(search_path: tuple[str, ...]) -> jinja2.Environment:
 
 
 def render_template(template_name: str, variables: dict, family=None) -> str:
-    """Render a template by name, looked up beside `family`'s module first when given."""
+    """Render a template by name, looked up beside `family`'s module first when given. A template
+    of a family that is missing, does not parse or uses an undefined variable is a FamilyError
+    naming the family, its module and the template's line."""
     folders = family.template_dirs() if family is not None else [templates_dir()]
     try:
         template = _environment(tuple(str(f) for f in folders)).get_template(template_name)
-    except jinja2.TemplateNotFound:
+        return template.render(**variables)
+    except jinja2.TemplateNotFound as exc:
         where = ", ".join(str(f) for f in folders)
-        raise FileNotFoundError(f"template {template_name!r} not found in {where}") from None
-    return template.render(**variables)
+        message = f"template {exc.name or template_name!r} not found in {where}"
+        if family is None:
+            raise FileNotFoundError(message) from None
+        raise _family_error(family, message) from None
+    except Exception as exc:  # a syntax error, an undefined variable, a filter given a wrong type...
+        if family is None:
+            raise
+        raise _family_error(family, f"template {_where_in_template(exc, template_name)}: {type(exc).__name__}: "
+                                    f"{getattr(exc, 'message', None) or exc}") from None
+
+
+def _where_in_template(exc: Exception, template_name: str) -> str:
+    """"name, line N" of the template line that raised `exc`: a syntax error says where; a
+    rendering error is found in the traceback, whose template frames Jinja maps to their lines."""
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        return f"{exc.name or template_name}, line {exc.lineno}"
+    found = template_name
+    frame = exc.__traceback__
+    while frame is not None:
+        filename = frame.tb_frame.f_code.co_filename
+        if filename.endswith(".j2"):
+            found = f"{Path(filename).name}, line {frame.tb_lineno}"
+        frame = frame.tb_next
+    return found
+
+
+def _family_error(family, message: str):
+    from .errors import FamilyError
+    from .family import describe_family
+    return FamilyError(f"{describe_family(family)}: {message}")
 
 
 def render(family, dtype: str, config: Config, host_launcher: bool = False,

@@ -15,7 +15,7 @@ from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 
 from .backend import GpuBackend
 from .errors import UsageError
-from .family import get_family
+from .family import check_family_renders, get_family
 from .options import check_lease
 from .problem import Problem
 from .report import terminal_text
@@ -91,6 +91,7 @@ class Tuner:
         check_options(options)
         self.problem = problem
         self.family = get_family(problem.family)
+        check_family_renders(self.family)  # a broken user template: one line, before the database is opened
         self.options = options
         self.progress = progress
         self.backend_factory = backend_factory  # tests pass autogen.testing.replay.ReplayBackend

@@ -48,6 +48,16 @@ def db_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'tuning.db'}"
 
 
+@pytest.fixture
+def no_catalog(monkeypatch):
+    """Without autogen's shipped catalog: only the test's own database is read."""
+    from autogen import pretuned
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    pretuned.pretuned_db.cache_clear()
+    yield
+    pretuned.pretuned_db.cache_clear()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_caches(tmp_path_factory, monkeypatch):
     # Never touch the user's database or kernel cache from a test.

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autogen import commands as commands_module
 from autogen import export as export_module
 from autogen.cli import main
 from autogen.export import nearest_index
@@ -183,7 +184,8 @@ def probe_variants(binary: Path, shapes: list[tuple[int, ...]]) -> list[str]:
 
 def test_export_writes_fixed_files_and_each_variant_once(exported):
     names = sorted(p.name for p in exported.iterdir())
-    assert names == ["CMakeLists.txt", "Makefile", "autogen_sgemv.cu", "autogen_sgemv.h", "autogen_sgemv_selftest.cu"]
+    assert names == [export_module.MANIFEST, "CMakeLists.txt", "Makefile", "autogen_sgemv.cu", "autogen_sgemv.h",
+                     "autogen_sgemv_selftest.cu"]
     source = (exported / "autogen_sgemv.cu").read_text()
     family = get_family("sgemv")
     kernels = {family.kernel_name("float32", family.space.check(p)) for p, _, _ in SGEMV_WINNERS.values()}
@@ -302,15 +304,6 @@ def test_c_dispatch_follows_the_python_rule(exported, tmp_path):
 
 
 # -- refusals ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_catalog(monkeypatch):
-    from autogen import pretuned
-    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
-    pretuned.pretuned_db.cache_clear()
-    yield
-    pretuned.pretuned_db.cache_clear()
 
 
 def test_a_fresh_machine_exports_the_shipped_catalog(tmp_path, monkeypatch, capsys):
@@ -450,12 +443,54 @@ def test_symlink_out_of_the_folder_is_refused(tmp_path, capsys):
     assert "outside --out" in capsys.readouterr().err
     assert outside.read_text() == "precious"
     assert sorted(p.name for p in out.iterdir()) == ["autogen_sgemv.h"]  # nothing else written either
-    # A link that stays inside the folder is replaced by the file, never written through.
+    # A link that stays inside the folder is replaced by the file (with --force: the folder is
+    # not autogen's), never written through.
     (out / "autogen_sgemv.h").unlink()
     (out / "notes.txt").write_text("mine")
     (out / "Makefile").symlink_to(out / "notes.txt")
-    assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", url) == 0
+    assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", url, "--force") == 0
     assert (out / "notes.txt").read_text() == "mine" and not (out / "Makefile").is_symlink()
+
+
+def test_a_folder_holding_files_autogen_did_not_write_is_refused(tmp_path, capsys):
+    # Issue 34.5: `export --out .` in a project root replaced its Makefile and CMakeLists.txt.
+    url = sgemv_db(f"sqlite:///{tmp_path / 'tuning.db'}")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Makefile").write_text("all:\n\techo mine\n")
+    (project / "CMakeLists.txt").write_text("project(mine)\n")
+    assert run_export("sgemv", "--out", str(project), "--gpu", H100.name, "--db", url) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did not write" in err and "Makefile" in err and "--force" in err
+    assert sorted(p.name for p in project.iterdir()) == ["CMakeLists.txt", "Makefile"]
+    assert (project / "Makefile").read_text() == "all:\n\techo mine\n"
+    assert run_export("sgemv", "--out", str(project), "--gpu", H100.name, "--db", url, "--force") == 0
+    assert "autogen_sgemv" in (project / "Makefile").read_text()
+
+
+def test_an_earlier_export_is_replaced_but_not_a_file_changed_since(tmp_path, capsys):
+    url = sgemv_db(f"sqlite:///{tmp_path / 'tuning.db'}")
+    out = tmp_path / "out"
+    assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", url, "--self-test") == 0
+    (out / "libautogen_sgemv.a").write_bytes(b"!<arch>\n")  # a build beside it is left alone
+    assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", url) == 0
+    assert (out / "libautogen_sgemv.a").read_bytes() == b"!<arch>\n"
+    with (out / "Makefile").open("a") as makefile:
+        makefile.write("# my change\n")
+    capsys.readouterr()
+    assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", url) == 2
+    assert "changed since autogen wrote them (Makefile)" in capsys.readouterr().err
+    assert (out / "Makefile").read_text().endswith("# my change\n")
+    # The self-test file of the first export is still autogen's: a later --self-test replaces it.
+    (out / "Makefile").unlink()
+    assert run_export("sgemv", "--out", str(out), "--gpu", H100.name, "--db", url, "--self-test") == 0
+
+
+def test_out_with_dot_dot_makes_no_folder_on_the_way(tmp_path, monkeypatch):
+    url = sgemv_db(f"sqlite:///{tmp_path / 'tuning.db'}")
+    monkeypatch.chdir(tmp_path)
+    assert run_export("sgemv", "--out", "a/../b", "--gpu", H100.name, "--db", url) == 0
+    assert not (tmp_path / "a").exists() and (tmp_path / "b" / "autogen_sgemv.cu").is_file()
 
 
 # -- choosing the GPU -------------------------------------------------------------------------------
@@ -519,6 +554,8 @@ def test_other_families_export_with_their_own_dims_and_dtypes(tmp_path, monkeypa
     family = ScaleTest()
     monkeypatch.setitem(family_registry._REGISTRY, family.name, family)
     monkeypatch.setattr(export_module, "render", render_scale)
+    monkeypatch.setattr(export_module, "check_family_renders", lambda family: None)  # no template: render_scale
+    monkeypatch.setattr(commands_module, "check_family_renders", lambda family: None)
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     counts = {1000: 64, 4000: 128, 2**20: 256}
     with TuningDB(url) as db:

@@ -115,7 +115,8 @@ def test_the_cli_lists_shows_and_exports_it(db_url, tmp_path, capsys):
     assert main(["export", "mykernels.axpy", "--out", str(out), "--gpu", H100.name, "--db", db_url,
                  "--self-test"]) == 0
     capsys.readouterr()
-    assert sorted(p.name for p in out.iterdir()) == ["CMakeLists.txt", "Makefile", "autogen_mykernels_axpy.cu",
+    assert sorted(p.name for p in out.iterdir()) == [".autogen-export.json", "CMakeLists.txt", "Makefile",
+                                                     "autogen_mykernels_axpy.cu",
                                                      "autogen_mykernels_axpy.h",
                                                      "autogen_mykernels_axpy_selftest.cu"]
     nvcc = nvcc_or_skip()
