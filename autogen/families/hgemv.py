@@ -117,6 +117,14 @@ def _tail_peels_one_vector(p) -> str | None:
     return None
 
 
+def _peeled_rows_stage_x(p) -> str | None:
+    # row_align=peeled shifts x by the block's head as it stages it in shared memory (x_path=smem,
+    # and mma's B tile); through the read-only path each x pack would be misaligned instead.
+    if p["row_align"] == "peeled" and p["x_path"] == "ldg":
+        return "row_align=peeled needs x_path smem or mma (x staged from the rows' first pack boundary)"
+    return None
+
+
 SPACE = Space(
     params=(
         Param("threads_per_row", (4, 8, 16, 32, 64, 128, 256), "tpr",
@@ -143,9 +151,14 @@ SPACE = Space(
               "chunks of an aligned problem run without those tests, only the last partial chunk (and every "
               "chunk of an unaligned problem) in the checked loop",
               added_with_default="checked"),
+        Param("row_align", ("scalar", "peeled"), "ra",
+              "rows not starting on a pack boundary (n % pack != 0, or A's base): scalar reads them element "
+              "by element; peeled reads each row's head element by element and the rest in whole packs, a block "
+              "taking rows of one offset from the boundary (rows a pack apart), x staged shifted by it",
+              added_with_default="scalar"),
     ),
     constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers,
-                 _schedule_has_steps, _tail_peels_one_vector),
+                 _schedule_has_steps, _tail_peels_one_vector, _peeled_rows_stage_x),
 )
 
 
@@ -156,6 +169,27 @@ def _peeled_twin(config: Config) -> Config | None:
         return None
     params = {**config.as_dict(), "tail": "peeled"}
     return None if SPACE.violations(params) else SPACE.check(params)
+
+
+def _peeled_rows_twin(config: Config) -> Config | None:
+    """The same config with row_align=peeled, x staged in shared memory where it went through the
+    read-only path: the form that keeps wide loads on rows of n % 8 != 0 columns."""
+    if config["row_align"] == "peeled":
+        return None
+    params = {**config.as_dict(), "row_align": "peeled", "tail": "checked"}
+    if params["x_path"] == "ldg":
+        params["x_path"] = "smem"
+    return None if SPACE.violations(params) else SPACE.check(params)
+
+
+def alignment_period(problem: Problem, config: Config) -> int:
+    """Blocks per window of rows: with row_align=peeled on rows of n % pack != 0 columns, each of a
+    window's `pack` blocks takes the rows of one offset from a pack boundary (the template's
+    by_class); otherwise 1."""
+    if config["row_align"] != "peeled":
+        return 1
+    pack = 8 if config["x_path"] == "mma" else config["pack_width"]
+    return pack if problem["n"] % pack else 1
 
 
 def batch_tile_for(batch: int) -> int:
@@ -194,7 +228,7 @@ class Hgemv(Family):
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
-                      "tail": "checked"}
+                      "tail": "checked", "row_align": "scalar"}
     outputs = ("y",)
     # A, x and y hold __half (f16 variants) or __nv_bfloat16 (bf16 variants) as the kernel name's
     # dtype tag says; `void*` keeps one signature for both dtypes.
@@ -219,12 +253,15 @@ class Hgemv(Family):
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
-            if problem["batch"] == 1 and problem["n"] >= 1024:
+            odd = problem["n"] % 8 != 0  # rows off the 16-byte boundary: tensor cores, row_align=peeled
+            if problem["batch"] == 1 and problem["n"] >= 1024 and not odd:
                 params["unroll"] = 4
-            elif problem["batch"] > 1:
+            elif problem["batch"] > 1 or odd:
                 wide = problem["n"] >= 512
                 params.update(x_path="mma", threads_per_row=256 if wide else 128, warps_per_block=8 if wide else 4,
                               rows_per_group=1, unroll=4)
+            if odd:
+                params["row_align"] = "peeled"
         return self.space.check(params)
 
     def seed_configs(self, problem: Problem) -> list[Config]:
@@ -242,7 +279,11 @@ class Hgemv(Family):
         the catalog's winner ran 13.10; at 4096 x 14336 it lost to the chunk schedule."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
-        seeds = [default] + [self.space.check({**default.as_dict(), **params}) for params in extra]
+        # (the batch-1 seeds are read-only-path configs: row_align=peeled comes as their twins)
+        seeds = [default] + [self.space.check({**default.as_dict(), "row_align": "scalar", **params})
+                             for params in extra]
+        if problem["n"] % 8:  # rows off the 16-byte boundary: each seed with row_align=peeled too
+            seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
         return seeds + [twin for twin in map(_peeled_twin, seeds) if twin is not None]
 
     def seed_from(self, problem: Problem, params: dict) -> dict:
@@ -258,7 +299,9 @@ class Hgemv(Family):
 
     def launch(self, problem: Problem, config: Config) -> Launch:
         rows = self.rows_per_block(config)
-        return Launch(grid=(-(-problem["m"] // rows), 1, 1), block=(32 * config["warps_per_block"], 1, 1))
+        period = alignment_period(problem, config)  # whole windows of blocks, one per row offset
+        blocks = -(-problem["m"] // (rows * period)) * period
+        return Launch(grid=(blocks, 1, 1), block=(32 * config["warps_per_block"], 1, 1))
 
     def tiles(self, problem: Problem, config: Config) -> list[int]:
         """The first vector of each launch."""
