@@ -35,13 +35,15 @@ def test_space_size_and_every_issue_parameter():
     # 4752 CUDA-core variants loading A a chunk at a time, 2908 of them (unroll >= 2) also step by
     # step, and 200 tensor-core (x_path=mma) ones; the 1036 of one vector through x_path=ldg also
     # with tail=peeled
-    assert len(CONFIGS) == 7860 + 1036
-    assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" for c in CONFIGS) == 2908
+    assert len(CONFIGS) == 7860 + 1036 + 3968
+    # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head
+    assert all(c["x_path"] != "ldg" for c in CONFIGS if c["row_align"] == "peeled")
+    assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
     peeled = [c for c in CONFIGS if c["tail"] == "peeled"]
     assert len(peeled) == 1036 and all(c["x_path"] == "ldg" and c["batch_tile"] == 1 for c in peeled)
     names = set(FAMILY.space.names)
     assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
-                     "reduce", "batch_tile", "load_schedule", "tail"}
+                     "reduce", "batch_tile", "load_schedule", "tail", "row_align"}
     assert FAMILY.space.param("pack_width").choices == (2, 4, 8)  # half2, 64-bit and 128-bit accesses
     assert {c["threads_per_row"] for c in CONFIGS} == {4, 8, 16, 32, 64, 128, 256}
     assert FAMILY.dims == ("m", "n", "batch") and FAMILY.dtypes == DTYPES
@@ -552,7 +554,7 @@ MMA_CONFIGS = [c for c in CONFIGS if c["x_path"] == "mma"]
 
 
 def test_mma_variants_are_whole_warps_of_128_bit_loads():
-    assert len(MMA_CONFIGS) == 200
+    assert len(MMA_CONFIGS) == 400  # 200 geometries and tiles, each with row_align scalar and peeled
     for c in MMA_CONFIGS:
         assert c["pack_width"] == 8 and c["threads_per_row"] >= 32 and c["reduce"] == "shfl"
         assert c["rows_per_group"] <= 2 and c["rows_per_group"] * c["unroll"] <= 4
@@ -693,7 +695,9 @@ def test_mma_template_uses_the_emulated_layout():
 PDL_CONFIGS = [config(), config(x_path="smem", batch_tile=4, unroll=1),
                config(threads_per_row=128, reduce="smem", rows_per_group=2, batch_tile=8, pack_width=4, unroll=1),
                config(x_path="mma", batch_tile=8, rows_per_group=2),
-               config(x_path="mma", threads_per_row=128, batch_tile=1, unroll=2)]
+               config(x_path="mma", threads_per_row=128, batch_tile=1, unroll=2),
+               config(x_path="mma", threads_per_row=256, warps_per_block=8, batch_tile=8, row_align="peeled"),
+               config(x_path="smem", threads_per_row=128, rows_per_group=2, load_schedule="step", row_align="peeled")]
 
 
 @pytest.mark.parametrize("index", range(len(PDL_CONFIGS)))
@@ -828,3 +832,67 @@ def test_an_output_below_fp16s_smallest_normal_passes_when_correctly_rounded():
     inputs["y"] = np.array([2 * expected[0]], dtype=np.float16)  # a doubled result is still caught
     error, _ = FAMILY.compare(problem, inputs, expected, FAMILY.reference_magnitude(problem, inputs))
     assert error > TOLERANCES["float16"]
+
+
+# -- rows off the 16-byte boundary (row_align=peeled) ----------------------------------------------
+
+
+def peeled_rows(m, n, c):
+    """Every row each block of the launch computes, as the template's row mapping gives them."""
+    rows_per_block = FAMILY.rows_per_block(c)
+    pack = 8 if c["x_path"] == "mma" else c["pack_width"]
+    by_class = n % pack != 0
+    blocks = FAMILY.launch(FAMILY.problem(m=m, n=n), c).grid[0]
+    for b in range(blocks):
+        start = (b // pack) * pack * rows_per_block + b % pack if by_class else b * rows_per_block
+        yield b, [start + k * (pack if by_class else 1) for k in range(rows_per_block)]
+
+
+@pytest.mark.parametrize("m, n", [(1, 4099), (130, 4099), (3000, 4097), (300, 1003), (129, 4096)])
+def test_peeled_rows_cover_every_row_once_and_share_a_head_per_block(m, n):
+    for c in (config(x_path="mma", row_align="peeled", threads_per_row=256, warps_per_block=8, rows_per_group=2),
+              config(x_path="smem", row_align="peeled", threads_per_row=32, rows_per_group=2, pack_width=4)):
+        pack = 8 if c["x_path"] == "mma" else c["pack_width"]
+        seen = []
+        for _, rows in peeled_rows(m, n, c):
+            live = [r for r in rows if r < m]
+            seen += live
+            # all of a block's rows start the same number of elements before a pack boundary
+            assert len({(-r * n) % pack for r in live}) <= 1
+        assert sorted(seen) == list(range(m))
+
+
+def test_peeled_rows_render_the_same_mapping_and_host_grid():
+    c = config(x_path="mma", row_align="peeled", threads_per_row=256, warps_per_block=8)
+    source = render(FAMILY, "float16", c, host_launcher=True)
+    assert "_rapeeled" in FAMILY.kernel_name("float16", c)
+    for fragment in ("const bool by_class = (n % 8) != 0;",
+                     "? (long long)(blockIdx.x / 8) * (8 * GROUPS * 16 * RPG) + blockIdx.x % 8",
+                     "const long long row = block_row0 + (tile0 + 16 * r + 8 * h + g) * row_stride;",
+                     "for (long long c0 = 0; c0 < n - head; c0 += CHUNK)",
+                     "const int period = (n % 8) != 0 ? 8 : 1;",
+                     "const dim3 grid((unsigned int)(((m - 1) / (16 * period) + 1) * period));"):
+        assert fragment in source, fragment
+    assert FAMILY.launch(FAMILY.problem(m=3000, n=4099), c).grid == (192, 1, 1)  # 24 windows of 8 blocks
+    assert FAMILY.launch(FAMILY.problem(m=3000, n=4096), c).grid == (188, 1, 1)
+    with pytest.raises(InvalidConfigError, match="row_align=peeled needs x_path smem or mma"):
+        config(row_align="peeled")
+
+
+def test_old_points_render_without_row_align():
+    # added with default scalar: a stored point lacking it completes to scalar and keeps its name
+    stored = {k: v for k, v in config(x_path="mma", threads_per_row=256, warps_per_block=8).as_dict().items()
+              if k != "row_align"}
+    completed = FAMILY.space.check(FAMILY.space.complete(stored))
+    assert completed["row_align"] == "scalar" and "ra" not in FAMILY.kernel_name("float16", completed)
+    assert "row_align" not in render(FAMILY, "float16", completed)
+
+
+def test_rows_off_the_boundary_default_to_tensor_cores_with_peeled_rows():
+    for batch in (1, 3, 8):
+        c = FAMILY.default_config(FAMILY.problem(m=3000, n=4099, batch=batch))
+        assert c["x_path"] == "mma" and c["row_align"] == "peeled" and c["batch_tile"] == batch_tile_for(batch)
+    seeds = FAMILY.seed_configs(FAMILY.problem(m=3000, n=4099, batch=1))
+    assert any(s["row_align"] == "peeled" and s["x_path"] == "smem" for s in seeds)
+    assert FAMILY.default_config(FAMILY.problem(m=3000, n=4096, batch=1))["row_align"] == "scalar"
+    assert FAMILY.default_config(FAMILY.problem(m=3000, n=4096, batch=4))["row_align"] == "scalar"

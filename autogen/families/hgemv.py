@@ -253,14 +253,15 @@ class Hgemv(Family):
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
-            odd = problem["n"] % 8 != 0  # rows off the 16-byte boundary: tensor cores, row_align=peeled
+            # Long rows off the 16-byte boundary: the tensor-core default with row_align=peeled.
+            odd = problem["n"] % 8 != 0 and problem["n"] >= 1024
             if problem["batch"] == 1 and problem["n"] >= 1024 and not odd:
                 params["unroll"] = 4
             elif problem["batch"] > 1 or odd:
                 wide = problem["n"] >= 512
                 params.update(x_path="mma", threads_per_row=256 if wide else 128, warps_per_block=8 if wide else 4,
                               rows_per_group=1, unroll=4)
-            if odd:
+            if params["x_path"] == "mma" and problem["n"] % 8:
                 params["row_align"] = "peeled"
         return self.space.check(params)
 
