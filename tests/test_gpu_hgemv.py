@@ -51,6 +51,11 @@ def sample_configs() -> list:
     for key in {(c["threads_per_row"], c["rows_per_group"], c["unroll"]) for c in mma}:
         chosen.add(next(c for c in mma if (c["threads_per_row"], c["rows_per_group"], c["unroll"]) == key))
     chosen.update(random.Random(8).sample(mma, 8))
+    # The column split (clusters of split_k blocks): every split of every one-group geometry, rows
+    # on and off the 16-byte boundary.
+    split = [c for c in mma if c["split_k"] > 1]
+    for key in {(c["split_k"], c["row_align"], c["threads_per_row"]) for c in split}:
+        chosen.add(next(c for c in split if (c["split_k"], c["row_align"], c["threads_per_row"]) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 

@@ -34,16 +34,19 @@ def config(**params):
 def test_space_size_and_every_issue_parameter():
     # 4752 CUDA-core variants loading A a chunk at a time, 2908 of them (unroll >= 2) also step by
     # step, and 200 tensor-core (x_path=mma) ones; the 1036 of one vector through x_path=ldg also
-    # with tail=peeled
-    assert len(CONFIGS) == 7860 + 1036 + 3968
+    # with tail=peeled; the 160 tensor-core ones of one row group per block also split over 2, 4
+    # and 8 blocks (split_k)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head
     assert all(c["x_path"] != "ldg" for c in CONFIGS if c["row_align"] == "peeled")
     assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
+    assert all(c["x_path"] == "mma" and c["threads_per_row"] == 32 * c["warps_per_block"]
+               for c in CONFIGS if c["split_k"] > 1)
     peeled = [c for c in CONFIGS if c["tail"] == "peeled"]
     assert len(peeled) == 1036 and all(c["x_path"] == "ldg" and c["batch_tile"] == 1 for c in peeled)
     names = set(FAMILY.space.names)
     assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
-                     "reduce", "batch_tile", "load_schedule", "tail", "row_align"}
+                     "reduce", "batch_tile", "load_schedule", "tail", "row_align", "split_k"}
     assert FAMILY.space.param("pack_width").choices == (2, 4, 8)  # half2, 64-bit and 128-bit accesses
     assert {c["threads_per_row"] for c in CONFIGS} == {4, 8, 16, 32, 64, 128, 256}
     assert FAMILY.dims == ("m", "n", "batch") and FAMILY.dtypes == DTYPES
@@ -102,7 +105,9 @@ def test_launch_grid_covers_every_row(m):
         rows *= 16 if c["x_path"] == "mma" else 1  # a row group of warps computes 16-row tiles
         assert FAMILY.rows_per_block(c) == rows
         assert launch.block == (32 * c["warps_per_block"], 1, 1)
-        assert (launch.grid[0] - 1) * rows < m <= launch.grid[0] * rows
+        blocks = launch.grid[0] // c["split_k"]  # a cluster of split_k blocks per block of rows
+        assert blocks * c["split_k"] == launch.grid[0]
+        assert (blocks - 1) * rows < m <= blocks * rows
 
 
 @pytest.mark.parametrize("batch, tile, starts", [
@@ -351,7 +356,9 @@ WINNERS = {
                 (4096, 4096, 4): dict(FAMILY.default_params, batch_tile=4, x_path="smem", unroll=1),
                 (1000, 37, 1): dict(FAMILY.default_params, threads_per_row=4, pack_width=2, rows_per_group=4,
                                     unroll=4),
-                (4096, 4096, 8): dict(FAMILY.default_params, batch_tile=8, x_path="mma", rows_per_group=2)},
+                (4096, 4096, 8): dict(FAMILY.default_params, batch_tile=8, x_path="mma", rows_per_group=2),
+                (1000, 4103, 3): dict(FAMILY.default_params, batch_tile=4, x_path="mma", threads_per_row=256,
+                                      warps_per_block=8, unroll=2, row_align="peeled", split_k=4)},
     "bfloat16": {(4096, 4096, 8): dict(FAMILY.default_params, threads_per_row=128, warps_per_block=8, batch_tile=8,
                                        reduce="smem", rows_per_group=2, unroll=1),
                  (128, 8192, 2): dict(FAMILY.default_params, threads_per_row=256, warps_per_block=8, batch_tile=2,
@@ -550,7 +557,7 @@ def test_hook_error_passes_right_outputs_and_catches_wrong_ones(harness, dtype):
 
 # -- tensor cores (x_path=mma) ------------------------------------------------------------------------
 
-MMA_CONFIGS = [c for c in CONFIGS if c["x_path"] == "mma"]
+MMA_CONFIGS = [c for c in CONFIGS if c["x_path"] == "mma" and c["split_k"] == 1]
 
 
 def test_mma_variants_are_whole_warps_of_128_bit_loads():
@@ -697,7 +704,11 @@ PDL_CONFIGS = [config(), config(x_path="smem", batch_tile=4, unroll=1),
                config(x_path="mma", batch_tile=8, rows_per_group=2),
                config(x_path="mma", threads_per_row=128, batch_tile=1, unroll=2),
                config(x_path="mma", threads_per_row=256, warps_per_block=8, batch_tile=8, row_align="peeled"),
-               config(x_path="smem", threads_per_row=128, rows_per_group=2, load_schedule="step", row_align="peeled")]
+               config(x_path="smem", threads_per_row=128, rows_per_group=2, load_schedule="step", row_align="peeled"),
+               config(x_path="mma", threads_per_row=256, warps_per_block=8, batch_tile=4, unroll=2, row_align="peeled",
+                      split_k=4),
+               config(x_path="mma", threads_per_row=128, warps_per_block=4, batch_tile=8, rows_per_group=2, unroll=2,
+                      split_k=2)]
 
 
 @pytest.mark.parametrize("index", range(len(PDL_CONFIGS)))
@@ -717,7 +728,7 @@ def test_pdl_variant_waits_after_the_first_weights_and_before_x(index):
     assert first_a < wait < min(x_reads) and wait < y_read
     # no L2 prefetch of whole rows; the dependents are released after the last load, before the stores
     assert "prefetch.global" not in body
-    assert body.index("for (long long c0 = 0") < body.index('asm volatile("griddepcontrol.launch_dependents') < y_read
+    assert re.search(r"for \(long long c0 = (0|c_first);", body).start() < body.index('asm volatile("griddepcontrol.launch_dependents') < y_read
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -896,3 +907,75 @@ def test_rows_off_the_boundary_default_to_tensor_cores_with_peeled_rows():
     assert any(s["row_align"] == "peeled" and s["x_path"] == "smem" for s in seeds)
     assert FAMILY.default_config(FAMILY.problem(m=3000, n=4096, batch=1))["row_align"] == "scalar"
     assert FAMILY.default_config(FAMILY.problem(m=3000, n=4096, batch=4))["row_align"] == "scalar"
+
+
+# -- the column split (split_k) ---------------------------------------------------------------------
+
+SPLIT = config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=2, batch_tile=4, row_align="peeled",
+               split_k=4)
+
+
+def test_split_launches_a_cluster_per_block_of_row_tiles():
+    # 3000 x 4099: 24 windows of 8 row blocks (row_align=peeled), each block a cluster of 4
+    problem = FAMILY.problem(m=3000, n=4099, batch=3)
+    assert FAMILY.launch(problem, SPLIT).grid == (192 * 4, 1, 1)
+    assert FAMILY.launch(FAMILY.problem(m=3000, n=4096, batch=3), SPLIT).grid == (188 * 4, 1, 1)
+    assert "_sk4" in FAMILY.kernel_name("float16", SPLIT)
+    source = render(FAMILY, "float16", SPLIT, host_launcher=True)
+    for fragment in ("__cluster_dims__(4, 1, 1)",
+                     "const unsigned int tile_block = blockIdx.x / 4;",
+                     "const unsigned int split = blockIdx.x % 4;",
+                     "? (long long)(tile_block / 8) * (8 * GROUPS * 16 * RPG) + tile_block % 8",
+                     "const long long c_first = (long long)split * CHUNK;",
+                     "for (long long c0 = c_first; c0 < n - head; c0 += SPLIT * CHUNK)",
+                     "if (kw == 0 && split == 0) {\n        for (int c = 0; c < head; ++c)",
+                     "acc[r][i] += cluster_load(&split_sum[group][r * 4 + i][wl], s);",
+                     "const dim3 grid((unsigned int)(((m - 1) / (16 * period) + 1) * period * 4));"):
+        assert fragment in source, fragment
+    # the combine runs after the block's own cross-warp sum, and only rank 0 stores y
+    body = source[source.index('extern "C" __global__'):]
+    # (the first `return` is sm_80's: blocks past the first of a cluster take no columns there)
+    combined = body.rindex("if (split != 0) return;")
+    assert body.index("partial[warp + w]") < body.index("cluster_barrier();") < combined < body.index("*out = from_float(")
+
+
+@pytest.mark.parametrize("n, chunk, split", [(4099, 512, 4), (4103, 1024, 8), (5121, 256, 2)])
+def test_split_blocks_take_every_chunk_once(n, chunk, split):
+    # the loop each block of the cluster runs: c0 = split * CHUNK, step SPLIT * CHUNK, below n
+    taken = sorted(c0 for s in range(split) for c0 in range(s * chunk, n, split * chunk))
+    assert taken == list(range(0, n, chunk))
+
+
+def test_split_is_for_few_row_blocks_and_enough_chunks(monkeypatch):
+    import autogen.families.hgemv as hgemv
+    monkeypatch.setattr(hgemv, "sm_count", lambda: 132)
+    assert FAMILY.reject_reason(FAMILY.problem(m=3000, n=4099, batch=3), SPLIT) is None
+    # 688 blocks of 16 rows fill the GPU (4 per SM) without a split
+    assert "fill the GPU" in FAMILY.reject_reason(FAMILY.problem(m=11008, n=4097, batch=3), SPLIT)
+    # 1000 columns are 2 chunks of 512: a split of 4 leaves blocks idle
+    assert "without one" in FAMILY.reject_reason(FAMILY.problem(m=3000, n=1000, batch=3), SPLIT)
+    with pytest.raises(InvalidConfigError, match="split_k > 1 needs x_path=mma"):
+        config(x_path="smem", split_k=2)
+    with pytest.raises(InvalidConfigError, match="one row group per block"):
+        config(x_path="mma", threads_per_row=128, warps_per_block=8, split_k=2)
+
+
+def test_old_points_render_without_split():
+    stored = {k: v for k, v in config(x_path="mma", threads_per_row=256, warps_per_block=8).as_dict().items()
+              if k != "split_k"}
+    completed = FAMILY.space.check(FAMILY.space.complete(stored))
+    assert completed["split_k"] == 1 and "sk" not in FAMILY.kernel_name("float16", completed)
+    source = render(FAMILY, "float16", completed, host_launcher=True)
+    assert "split_k" not in source and "cluster" not in source and "c_first" not in source
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_split_host_launcher_builds_and_clusters_only_on_sm90(tmp_path, arch):
+    source = tmp_path / "split.cu"
+    source.write_text(render(FAMILY, "bfloat16", SPLIT, host_launcher=True))
+    ptx = tmp_path / "split.ptx"
+    subprocess.run([nvcc_or_skip(), f"-arch={arch}", "-ptx", "-o", str(ptx), str(source)], check=True)
+    text = ptx.read_text()
+    assert (".reqnctapercluster 4, 1, 1" in text) == (arch == "sm_90")
+    assert ("mapa.shared::cluster" in text) == (arch == "sm_90")
+    subprocess.run([nvcc_or_skip(), f"-arch={arch}", "-c", "-o", str(tmp_path / "split.o"), str(source)], check=True)

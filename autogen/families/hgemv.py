@@ -19,6 +19,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, to_float64, to_storage
 from ..errors import ArgumentError
+from ..gpu import sm_count
 from ..problem import Config, Problem
 from ..space import Param, Space
 from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar, new_output, random_uniform,
@@ -125,6 +126,20 @@ def _peeled_rows_stage_x(p) -> str | None:
     return None
 
 
+def _split_on_tensor_cores(p) -> str | None:
+    # The column split combines the cluster's partial sums of mma tiles (4 accumulators a lane);
+    # the CUDA-core forms keep rows_per_group * batch_tile of them and a row of lanes per group.
+    if p["split_k"] == 1:
+        return None
+    if p["x_path"] != "mma":
+        return "split_k > 1 needs x_path=mma (partial sums of tensor-core tiles combined in the cluster)"
+    # With several row groups a block already shares its columns among fewer tiles; the split is
+    # for blocks of one group, whose tiles are few (the space stays small: 3 x 100 variants).
+    if p["threads_per_row"] != 32 * p["warps_per_block"]:
+        return "split_k > 1 needs one row group per block: threads_per_row = 32 * warps_per_block"
+    return None
+
+
 SPACE = Space(
     params=(
         Param("threads_per_row", (4, 8, 16, 32, 64, 128, 256), "tpr",
@@ -156,9 +171,14 @@ SPACE = Space(
               "by element; peeled reads each row's head element by element and the rest in whole packs, a block "
               "taking rows of one offset from the boundary (rows a pack apart), x staged shifted by it",
               added_with_default="scalar"),
+        Param("split_k", (1, 2, 4, 8), "sk",
+              "blocks per block of row tiles, each taking every split_k-th chunk of the columns: a thread-block "
+              "cluster whose first block adds the others' partial sums from their shared memory and stores y "
+              "(sm_90 and newer; before it the first block takes every column). x_path=mma only",
+              added_with_default=1),
     ),
     constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers,
-                 _schedule_has_steps, _tail_peels_one_vector, _peeled_rows_stage_x),
+                 _schedule_has_steps, _tail_peels_one_vector, _peeled_rows_stage_x, _split_on_tensor_cores),
 )
 
 
@@ -190,6 +210,27 @@ def alignment_period(problem: Problem, config: Config) -> int:
         return 1
     pack = 8 if config["x_path"] == "mma" else config["pack_width"]
     return pack if problem["n"] % pack else 1
+
+
+# A column split pays two cluster barriers and a combine per tile; it is tried where the blocks of
+# row tiles leave SMs idle or unevenly loaded: fewer than this many per SM.
+SPLIT_BELOW_BLOCKS_PER_SM = 4
+
+
+def split_reason(problem: Problem, config: Config, row_blocks: int) -> str | None:
+    """Why split_k does not fit this problem: the row blocks already fill the GPU, or a block of
+    the cluster would get no chunk of the columns."""
+    split = config["split_k"]
+    if split == 1:
+        return None
+    enough = SPLIT_BELOW_BLOCKS_PER_SM * sm_count()
+    if row_blocks >= enough:
+        return f"{row_blocks} blocks of row tiles fill the GPU ({enough} or more) without split_k"
+    chunk = config["threads_per_row"] * config["unroll"]  # x_path=mma: columns per chunk
+    chunks = -(-problem["n"] // chunk)
+    if chunks < split:
+        return f"split_k={split} over {chunks} chunks of {chunk} columns leaves a block without one"
+    return None
 
 
 def batch_tile_for(batch: int) -> int:
@@ -228,7 +269,7 @@ class Hgemv(Family):
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
-                      "tail": "checked", "row_align": "scalar"}
+                      "tail": "checked", "row_align": "scalar", "split_k": 1}
     outputs = ("y",)
     # A, x and y hold __half (f16 variants) or __nv_bfloat16 (bf16 variants) as the kernel name's
     # dtype tag says; `void*` keeps one signature for both dtypes.
@@ -299,10 +340,15 @@ class Hgemv(Family):
         return rows_per_block(config) * (16 if config["x_path"] == "mma" else 1)
 
     def launch(self, problem: Problem, config: Config) -> Launch:
-        rows = self.rows_per_block(config)
-        period = alignment_period(problem, config)  # whole windows of blocks, one per row offset
-        blocks = -(-problem["m"] // (rows * period)) * period
+        # A cluster of split_k blocks (consecutive indices) for each block of row tiles.
+        blocks = self.row_blocks(problem, config) * config["split_k"]
         return Launch(grid=(blocks, 1, 1), block=(32 * config["warps_per_block"], 1, 1))
+
+    def row_blocks(self, problem: Problem, config: Config) -> int:
+        """Blocks of rows_per_block rows covering m: whole windows of blocks, one per row offset
+        (alignment_period)."""
+        period = alignment_period(problem, config)
+        return -(-problem["m"] // (self.rows_per_block(config) * period)) * period
 
     def tiles(self, problem: Problem, config: Config) -> list[int]:
         """The first vector of each launch."""
@@ -330,6 +376,9 @@ class Hgemv(Family):
         else:
             reason = overshoot_reason(problem["n"], config["threads_per_row"], config["pack_width"],
                                       config["unroll"], "pack_width")
+        if reason:
+            return reason
+        reason = split_reason(problem, config, self.row_blocks(problem, config))
         if reason:
             return reason
         wanted = batch_tile_for(problem["batch"])
