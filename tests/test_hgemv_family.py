@@ -777,8 +777,9 @@ def test_warm_start_gives_other_batches_winners_this_batch_tile():
     problem = FAMILY.problem(m=4096, n=4096, batch=4)
     seeds = warmstart.seeds(db, device, FAMILY, problem, True)
     assert all(s["batch_tile"] == 4 for s in seeds)
-    # both winners re-tiled for 4 vectors, nearest (batch 8) first
-    assert [s["x_path"] for s in seeds] == ["mma", "ldg"]
+    # both winners re-tiled for 4 vectors, nearest (batch 8) first; then the family's own seeds not
+    # among them (256 blocks of 16 rows: the default split over 2 blocks)
+    assert [(s["x_path"], s["split_k"]) for s in seeds] == [("mma", 1), ("ldg", 1), ("mma", 2)]
     # the batch-8 winner re-tiled is this batch's default: tried once
     assert seeds[0] == FAMILY.default_config(problem).as_dict()
 
@@ -819,7 +820,8 @@ def test_long_rows_of_one_vector_also_seed_the_long_row_config():
         "hgemv_f16_tpr128_pw8_wpb4_rpg2_u2_xldg_rshfl_bt1", "hgemv_f16_tpr256_pw8_wpb8_rpg2_u2_xldg_rshfl_bt1_lsstep"]
     assert all(c["tail"] == "peeled" for c in tall[3:]) and len(tall) == 6
     assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=512))) == 2  # the default and its twin
-    assert len(FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=11008, batch=4))) == 1
+    # a batch: the tensor-core default, and (256 blocks of 16 rows) its split over 2 blocks
+    assert [c["split_k"] for c in FAMILY.seed_configs(FAMILY.problem("float16", m=4096, n=11008, batch=4))] == [1, 2]
 
 
 def test_an_output_below_fp16s_smallest_normal_passes_when_correctly_rounded():
@@ -979,3 +981,14 @@ def test_split_host_launcher_builds_and_clusters_only_on_sm90(tmp_path, arch):
     assert (".reqnctapercluster 4, 1, 1" in text) == (arch == "sm_90")
     assert ("mapa.shared::cluster" in text) == (arch == "sm_90")
     subprocess.run([nvcc_or_skip(), f"-arch={arch}", "-c", "-o", str(tmp_path / "split.o"), str(source)], check=True)
+
+
+def test_few_row_blocks_seed_the_tensor_core_default_split_in_two(monkeypatch):
+    import autogen.families.hgemv as hgemv
+    monkeypatch.setattr(hgemv, "sm_count", lambda: 132)
+    for batch in (1, 3, 8):
+        seeds = FAMILY.seed_configs(FAMILY.problem(m=1000, n=4103, batch=batch))
+        default = FAMILY.default_config(FAMILY.problem(m=1000, n=4103, batch=batch))
+        assert FAMILY.space.check({**default.as_dict(), "split_k": 2}) in seeds
+    # 688 blocks of 16 rows already fill the GPU: no split seeded
+    assert all(s["split_k"] == 1 for s in FAMILY.seed_configs(FAMILY.problem(m=11008, n=4097, batch=4)))

@@ -326,7 +326,19 @@ class Hgemv(Family):
                              for params in extra]
         if problem["n"] % 8:  # rows off the 16-byte boundary: each seed with row_align=peeled too
             seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
+        seeds += [twin for twin in (self._split_twin(problem, seed) for seed in seeds) if twin is not None]
         return seeds + [twin for twin in map(_peeled_twin, seeds) if twin is not None]
+
+    def _split_twin(self, problem: Problem, config: Config) -> Config | None:
+        """The tensor-core seed split over a cluster of 2 blocks, where the problem's row blocks
+        leave the GPU short of blocks (split_reason): on the H100 at 1000 x 4103 (8 MB) a split
+        of the tensor-core configs ran batches 1-8 faster than each unsplit one
+        (docs/results/bench_hgemv_odd_h100_s15_call3.json)."""
+        params = {**config.as_dict(), "split_k": 2}
+        if config["split_k"] != 1 or SPACE.violations(params):
+            return None
+        twin = SPACE.check(params)
+        return None if self.reject_reason(problem, twin) else twin
 
     def seed_from(self, problem: Problem, params: dict) -> dict:
         """Another shape's winner with the batch tile of this batch: a batch-1 winner tried as it
