@@ -22,8 +22,10 @@ DTYPES = ("float16", "bfloat16")
 # (m, n, batch): tails on every edge, n not a multiple of any pack, batches below, at and above
 # each tile (9: two launches of 8), rows not a multiple of rows per block.
 # 67 x 2048: whole chunks only (tail=peeled's unchecked loop alone), rows past m in the last block.
+# 300 x 1003 and 130 x 4099: rows at every offset from a 16-byte boundary (row_align=peeled's
+# windows of blocks, one per offset, the last window part past m).
 SHAPES = [(1, 1, 1), (3, 5, 3), (1000, 37, 4), (37, 1000, 8), (513, 4104, 1), (130, 4104, 2), (5, 16, 9),
-          (67, 2048, 1)]
+          (67, 2048, 1), (300, 1003, 3), (130, 4099, 1), (130, 4099, 8)]
 SAMPLE = 40  # random variants per dtype on top of those covering every choice
 
 
@@ -42,10 +44,18 @@ def sample_configs() -> list:
     # The batch-1 seeds of short and long rows, and their tail=peeled twins.
     for n in (4096, 14336):
         chosen.update(FAMILY.seed_configs(FAMILY.problem(m=64, n=n, batch=1)))
+    # Rows off the 16-byte boundary: the defaults and seeds with row_align=peeled.
+    for batch in (1, 4, 8):
+        chosen.update(FAMILY.seed_configs(FAMILY.problem(m=64, n=4099, batch=batch)))
     mma = [c for c in configs if c["x_path"] == "mma"]
     for key in {(c["threads_per_row"], c["rows_per_group"], c["unroll"]) for c in mma}:
         chosen.add(next(c for c in mma if (c["threads_per_row"], c["rows_per_group"], c["unroll"]) == key))
     chosen.update(random.Random(8).sample(mma, 8))
+    # The column split (clusters of split_k blocks): every split of every one-group geometry, rows
+    # on and off the 16-byte boundary.
+    split = [c for c in mma if c["split_k"] > 1]
+    for key in {(c["split_k"], c["row_align"], c["threads_per_row"]) for c in split}:
+        chosen.add(next(c for c in split if (c["split_k"], c["row_align"], c["threads_per_row"]) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, to_float64, to_storage
 from ..errors import ArgumentError
+from ..gpu import sm_count
 from ..problem import Config, Problem
 from ..space import Param, Space
 from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar, new_output, random_uniform,
@@ -117,6 +118,28 @@ def _tail_peels_one_vector(p) -> str | None:
     return None
 
 
+def _peeled_rows_stage_x(p) -> str | None:
+    # row_align=peeled shifts x by the block's head as it stages it in shared memory (x_path=smem,
+    # and mma's B tile); through the read-only path each x pack would be misaligned instead.
+    if p["row_align"] == "peeled" and p["x_path"] == "ldg":
+        return "row_align=peeled needs x_path smem or mma (x staged from the rows' first pack boundary)"
+    return None
+
+
+def _split_on_tensor_cores(p) -> str | None:
+    # The column split combines the cluster's partial sums of mma tiles (4 accumulators a lane);
+    # the CUDA-core forms keep rows_per_group * batch_tile of them and a row of lanes per group.
+    if p["split_k"] == 1:
+        return None
+    if p["x_path"] != "mma":
+        return "split_k > 1 needs x_path=mma (partial sums of tensor-core tiles combined in the cluster)"
+    # With several row groups a block already shares its columns among fewer tiles; the split is
+    # for blocks of one group, whose tiles are few (the space stays small: 3 x 100 variants).
+    if p["threads_per_row"] != 32 * p["warps_per_block"]:
+        return "split_k > 1 needs one row group per block: threads_per_row = 32 * warps_per_block"
+    return None
+
+
 SPACE = Space(
     params=(
         Param("threads_per_row", (4, 8, 16, 32, 64, 128, 256), "tpr",
@@ -143,9 +166,19 @@ SPACE = Space(
               "chunks of an aligned problem run without those tests, only the last partial chunk (and every "
               "chunk of an unaligned problem) in the checked loop",
               added_with_default="checked"),
+        Param("row_align", ("scalar", "peeled"), "ra",
+              "rows not starting on a pack boundary (n % pack != 0, or A's base): scalar reads them element "
+              "by element; peeled reads each row's head element by element and the rest in whole packs, a block "
+              "taking rows of one offset from the boundary (rows a pack apart), x staged shifted by it",
+              added_with_default="scalar"),
+        Param("split_k", (1, 2, 4, 8), "sk",
+              "blocks per block of row tiles, each taking every split_k-th chunk of the columns: a thread-block "
+              "cluster whose first block adds the others' partial sums from their shared memory and stores y "
+              "(sm_90 and newer; before it the first block takes every column). x_path=mma only",
+              added_with_default=1),
     ),
     constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers,
-                 _schedule_has_steps, _tail_peels_one_vector),
+                 _schedule_has_steps, _tail_peels_one_vector, _peeled_rows_stage_x, _split_on_tensor_cores),
 )
 
 
@@ -156,6 +189,48 @@ def _peeled_twin(config: Config) -> Config | None:
         return None
     params = {**config.as_dict(), "tail": "peeled"}
     return None if SPACE.violations(params) else SPACE.check(params)
+
+
+def _peeled_rows_twin(config: Config) -> Config | None:
+    """The same config with row_align=peeled, x staged in shared memory where it went through the
+    read-only path: the form that keeps wide loads on rows of n % 8 != 0 columns."""
+    if config["row_align"] == "peeled":
+        return None
+    params = {**config.as_dict(), "row_align": "peeled", "tail": "checked"}
+    if params["x_path"] == "ldg":
+        params["x_path"] = "smem"
+    return None if SPACE.violations(params) else SPACE.check(params)
+
+
+def alignment_period(problem: Problem, config: Config) -> int:
+    """Blocks per window of rows: with row_align=peeled on rows of n % pack != 0 columns, each of a
+    window's `pack` blocks takes the rows of one offset from a pack boundary (the template's
+    by_class); otherwise 1."""
+    if config["row_align"] != "peeled":
+        return 1
+    pack = 8 if config["x_path"] == "mma" else config["pack_width"]
+    return pack if problem["n"] % pack else 1
+
+
+# A column split pays two cluster barriers and a combine per tile; it is tried where the blocks of
+# row tiles leave SMs idle or unevenly loaded: fewer than this many per SM.
+SPLIT_BELOW_BLOCKS_PER_SM = 4
+
+
+def split_reason(problem: Problem, config: Config, row_blocks: int) -> str | None:
+    """Why split_k does not fit this problem: the row blocks already fill the GPU, or a block of
+    the cluster would get no chunk of the columns."""
+    split = config["split_k"]
+    if split == 1:
+        return None
+    enough = SPLIT_BELOW_BLOCKS_PER_SM * sm_count()
+    if row_blocks >= enough:
+        return f"{row_blocks} blocks of row tiles fill the GPU ({enough} or more) without split_k"
+    chunk = config["threads_per_row"] * config["unroll"]  # x_path=mma: columns per chunk
+    chunks = -(-problem["n"] // chunk)
+    if chunks < split:
+        return f"split_k={split} over {chunks} chunks of {chunk} columns leaves a block without one"
+    return None
 
 
 def batch_tile_for(batch: int) -> int:
@@ -194,7 +269,7 @@ class Hgemv(Family):
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
-                      "tail": "checked"}
+                      "tail": "checked", "row_align": "scalar", "split_k": 1}
     outputs = ("y",)
     # A, x and y hold __half (f16 variants) or __nv_bfloat16 (bf16 variants) as the kernel name's
     # dtype tag says; `void*` keeps one signature for both dtypes.
@@ -219,12 +294,16 @@ class Hgemv(Family):
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
-            if problem["batch"] == 1 and problem["n"] >= 1024:
+            # Long rows off the 16-byte boundary: the tensor-core default with row_align=peeled.
+            odd = problem["n"] % 8 != 0 and problem["n"] >= 1024
+            if problem["batch"] == 1 and problem["n"] >= 1024 and not odd:
                 params["unroll"] = 4
-            elif problem["batch"] > 1:
+            elif problem["batch"] > 1 or odd:
                 wide = problem["n"] >= 512
                 params.update(x_path="mma", threads_per_row=256 if wide else 128, warps_per_block=8 if wide else 4,
                               rows_per_group=1, unroll=4)
+            if params["x_path"] == "mma" and problem["n"] % 8:
+                params["row_align"] = "peeled"
         return self.space.check(params)
 
     def seed_configs(self, problem: Problem) -> list[Config]:
@@ -242,8 +321,24 @@ class Hgemv(Family):
         the catalog's winner ran 13.10; at 4096 x 14336 it lost to the chunk schedule."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
-        seeds = [default] + [self.space.check({**default.as_dict(), **params}) for params in extra]
+        # (the batch-1 seeds are read-only-path configs: row_align=peeled comes as their twins)
+        seeds = [default] + [self.space.check({**default.as_dict(), "row_align": "scalar", **params})
+                             for params in extra]
+        if problem["n"] % 8:  # rows off the 16-byte boundary: each seed with row_align=peeled too
+            seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
+        seeds += [twin for twin in (self._split_twin(problem, seed) for seed in seeds) if twin is not None]
         return seeds + [twin for twin in map(_peeled_twin, seeds) if twin is not None]
+
+    def _split_twin(self, problem: Problem, config: Config) -> Config | None:
+        """The tensor-core seed split over a cluster of 2 blocks, where the problem's row blocks
+        leave the GPU short of blocks (split_reason): on the H100 at 1000 x 4103 (8 MB) a split
+        of the tensor-core configs ran batches 1-8 faster than each unsplit one
+        (docs/results/bench_hgemv_odd_h100_s15_call3.json)."""
+        params = {**config.as_dict(), "split_k": 2}
+        if config["split_k"] != 1 or SPACE.violations(params):
+            return None
+        twin = SPACE.check(params)
+        return None if self.reject_reason(problem, twin) else twin
 
     def seed_from(self, problem: Problem, params: dict) -> dict:
         """Another shape's winner with the batch tile of this batch: a batch-1 winner tried as it
@@ -257,8 +352,15 @@ class Hgemv(Family):
         return rows_per_block(config) * (16 if config["x_path"] == "mma" else 1)
 
     def launch(self, problem: Problem, config: Config) -> Launch:
-        rows = self.rows_per_block(config)
-        return Launch(grid=(-(-problem["m"] // rows), 1, 1), block=(32 * config["warps_per_block"], 1, 1))
+        # A cluster of split_k blocks (consecutive indices) for each block of row tiles.
+        blocks = self.row_blocks(problem, config) * config["split_k"]
+        return Launch(grid=(blocks, 1, 1), block=(32 * config["warps_per_block"], 1, 1))
+
+    def row_blocks(self, problem: Problem, config: Config) -> int:
+        """Blocks of rows_per_block rows covering m: whole windows of blocks, one per row offset
+        (alignment_period)."""
+        period = alignment_period(problem, config)
+        return -(-problem["m"] // (self.rows_per_block(config) * period)) * period
 
     def tiles(self, problem: Problem, config: Config) -> list[int]:
         """The first vector of each launch."""
@@ -286,6 +388,9 @@ class Hgemv(Family):
         else:
             reason = overshoot_reason(problem["n"], config["threads_per_row"], config["pack_width"],
                                       config["unroll"], "pack_width")
+        if reason:
+            return reason
+        reason = split_reason(problem, config, self.row_blocks(problem, config))
         if reason:
             return reason
         wanted = batch_tile_for(problem["batch"])
