@@ -101,7 +101,8 @@ def cmd_bench(args) -> int:
     family = _family(args)
     (problem,) = problems_from_args(args, family)
     require_cupy()
-    db = TuningDB(args.db)
+    _note_missing_db(args.db)
+    db = TuningDB(args.db, readonly=True)  # bench only reads: a missing file is not created
     with IsolatedEvaluator(WorkSpec.of(problem, args.cache)) as evaluator:
         winner = db.winner(evaluator.device, problem.family, problem.dtype, problem.shape_key)
         if winner is None:
