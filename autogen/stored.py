@@ -47,7 +47,6 @@ def skipped_note(count: int) -> str:
            "(params not in the family's space, or naming another kernel than the stored name)"
 
 
-
 def winner_unusable_reason(family, winner: WinnerRecord) -> str | None:
     """unusable_reason for a stored winner, its problem read from its own row; None where its
     shape key cannot be read or its dtype is not the family's (the checks of whoever serves or
