@@ -12,6 +12,7 @@ With MEET_DIR, its evaluators start measuring together with the others of PARTIE
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -48,4 +49,7 @@ def main(url: str, trials: str, delay_s: str, lease_s: str, seed: str, out: str,
 
 
 if __name__ == "__main__":
+    # Ctrl-C as on a terminal: a test suite started in the background by a non-interactive shell
+    # ignores SIGINT, and its children would inherit that (test_ctrl_c_ends_the_helper_processes).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     main(*sys.argv[1:])
