@@ -15,3 +15,10 @@ def checked_seeds(family, problem, large: bool) -> list:
         if large:
             assert family.reject_reason(problem, seed) is None
     return seeds
+
+
+def held(args) -> tuple:
+    """A step's kernel arguments as the values they hold. autogen.family.kernel_scalar gives a
+    holder of CuPy's where CuPy has been imported (by any earlier test, or the GPU check at
+    collection) and a NumPy scalar otherwise: a test of the plan must pass either way."""
+    return tuple(getattr(arg, "held", arg) for arg in args)
