@@ -474,7 +474,7 @@ def capturing(cupy, stream=None) -> bool:
     try:
         pointer = stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
         is_capturing = cupy.cuda.runtime.streamIsCapturing
-    except AttributeError:  # a stand-in for CuPy (tests): nothing captures
+    except Exception:  # a stand-in for CuPy (tests), or CuPy without a driver or GPU: no stream captures
         return False
     try:
         return is_capturing(pointer) != 0

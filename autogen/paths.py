@@ -8,6 +8,7 @@ crash never sees half a file, and a rename never follows a symlink at the target
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -24,8 +25,9 @@ def kernel_cache_dir() -> Path:
     return Path(configured) if configured else cache_root() / "kernels"
 
 
+@functools.lru_cache(maxsize=1)
 def templates_dir() -> Path:
-    """The folder holding the *.cu.j2 templates.
+    """The folder holding the *.cu.j2 templates (found once: every render asks for it).
 
     In an installed wheel they sit in autogen/templates (pyproject maps the top-level templates/
     there); in a source checkout they sit beside the autogen package.

@@ -6,6 +6,7 @@ from a command line or a database can inject code into a kernel source.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -110,13 +111,25 @@ class Space:
 
     def enumerate(self) -> Iterator[Config]:
         """Every valid point, in a stable order."""
-        for values in itertools.product(*(p.choices for p in self.params)):
-            params = dict(zip(self.names, values))
-            if not self.violations(params):
-                yield Config(tuple(params.items()))
+        return iter(_valid_points(self))
 
     def size(self) -> int:
-        return sum(1 for _ in self.enumerate())
+        return len(_valid_points(self))
+
+
+@functools.lru_cache(maxsize=16)
+def _valid_points(space: Space) -> tuple[Config, ...]:
+    """Space.enumerate's points, found once per space: a large space's product holds hundreds of
+    thousands of points. Each of them holds every parameter at one of its choices, so only the
+    constraints can reject it (checking the choices again cost most of the enumeration)."""
+    constraints = space.constraints
+    choices = [[(p.name, choice) for choice in p.choices] for p in space.params]
+    points = []
+    for items in itertools.product(*choices):  # the points share their (name, choice) pairs
+        params = dict(items)
+        if not any(constraint(params) for constraint in constraints):
+            points.append(Config(items))
+    return tuple(points)
 
 
 def _is_choice(value: object, choices: tuple) -> bool:

@@ -30,3 +30,10 @@ def judged_with_output(family, problem, inputs: dict, output):
     name = family.outputs[0]
     inputs[name][...] = to_storage(np, output, problem.dtype)
     return judge(family, problem, inputs, expected, magnitude, np)
+
+
+def held(args) -> tuple:
+    """A step's kernel arguments as the values they hold. autogen.family.kernel_scalar gives a
+    holder of CuPy's where CuPy has been imported (by any earlier test, or the GPU check at
+    collection) and a NumPy scalar otherwise: a test of the plan must pass either way."""
+    return tuple(getattr(arg, "held", arg) for arg in args)

@@ -15,7 +15,7 @@ from autogen.dtypes import to_float64, to_storage
 from autogen.errors import UsageError
 from autogen.family import get_family
 from autogen.render import render
-from family_checks import checked_seeds, judged_with_output
+from family_checks import checked_seeds, held, judged_with_output
 from nvcc_tools import nvcc_or_skip
 from test_export import H100, WERROR, build_library, run, run_export, store_winner
 from test_gelu_family import bulk_visits, sweep_visits
@@ -145,7 +145,7 @@ def test_half_outputs_are_judged_against_their_types_rounding(dtype, limit):
 def test_kernel_arguments_carry_the_scale_as_float32():
     problem = FAMILY.problem(n=8, bias_size=4)
     (step,) = FAMILY.plan(problem, config())
-    args = step.args({"x": "X", "bias": "B", "mask": "M", "addend": "A", "y": "Y", "scale": 1 / 0.9})
+    args = held(step.args({"x": "X", "bias": "B", "mask": "M", "addend": "A", "y": "Y", "scale": 1 / 0.9}))
     assert args[0:3] == ("X", "B", "M") and args[4:6] == ("A", "Y") and args[6:] == (8, 4)
     assert args[3].dtype == np.float32 and args[3] == np.float32(1 / 0.9)
 

@@ -14,6 +14,7 @@ from autogen.errors import InvalidConfigError, UsageError
 from autogen.families.copy_if import (FRACTIONS, INT_POISON, ORDERED_MODES, copy_if_values, exact_selection,
                                       selectivity_class)
 from autogen.family import get_family
+from family_checks import held
 from test_histogram_family import build_harness, export_with_defaults
 
 FAMILY = get_family("copy_if")
@@ -134,15 +135,15 @@ def test_plans_of_each_mode():
     assert [s.suffix for s in steps] == ["_init", ""]
     assert steps[1].launch.grid == (132 * 4, 1, 1)
     assert FAMILY.plan(problem, config(mode="lookback"))[1].launch.grid == (tiles, 1, 1)  # one block per tile
-    init_args = steps[0].args(inputs)
+    init_args = held(steps[0].args(inputs))
     assert init_args[1] == tiles and init_args[4] == 0  # status words reset; count is written, not zeroed
-    main_args = steps[1].args(inputs)
+    main_args = held(steps[1].args(inputs))
     assert main_args[4].dtype == np.int32 and len(main_args) == 7
     steps = FAMILY.plan(problem, config(mode="two_pass", blocks_per_sm=2))
     assert [s.suffix for s in steps] == ["", "_scan", "_scatter"]
-    assert steps[1].launch.grid == (1, 1, 1) and steps[1].args(inputs)[1] == 132 * 2
+    assert steps[1].launch.grid == (1, 1, 1) and held(steps[1].args(inputs))[1] == 132 * 2
     steps = FAMILY.plan(problem, config(mode="warp", scatter="direct"))
-    assert [s.suffix for s in steps] == ["_init", ""] and steps[0].args(inputs)[4] == 1  # count zeroed
+    assert [s.suffix for s in steps] == ["_init", ""] and held(steps[0].args(inputs))[4] == 1  # count zeroed
     # Never past the workspace.
     small = dict(inputs, status=inputs["status"][:10])
     with pytest.raises(ValueError, match="status"):

@@ -60,6 +60,17 @@ def test_capture_is_detected(monkeypatch):
     assert capturing(cupy)
 
 
+def test_cupy_without_a_driver_captures_nothing():
+    # CuPy imported on a machine without a GPU: asking for the current stream raises (as
+    # cudaErrorInsufficientDriver does); nothing can capture, and the GPU check names the problem.
+    def no_driver():
+        raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")
+
+    cupy = fake_cupy(1)
+    cupy.cuda.get_current_stream = no_driver
+    assert not capturing(cupy)
+
+
 def test_first_use_inside_capture_asks_for_a_warm_up(db_url, monkeypatch):
     import autogen.dispatch as dispatch
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,21 +42,49 @@ def record(db: TuningDB, device: DeviceIdentity, problem: Problem, path: Path) -
     return len(document["trials"])
 
 
+MEET_TIMEOUT_S = 120.0  # how long an evaluator waits for the others of its meeting
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """Evaluators of one problem that start measuring together: each marks its arrival in
+    ``folder`` at its first evaluation, then waits until ``parties`` have arrived (at most
+    MEET_TIMEOUT_S). On a loaded machine one tuner process (or helper process) may start seconds
+    after the others, which would otherwise have measured the whole budget before it began: a
+    test of how several tuners share a problem then depends on how busy the machine is."""
+
+    folder: str
+    parties: int
+
+    def attend(self, problem_mark: str) -> None:
+        folder = Path(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{problem_mark}.{os.getpid()}.{time.monotonic_ns()}").touch()
+        deadline = time.monotonic() + MEET_TIMEOUT_S
+        while len(list(folder.glob(f"{problem_mark}.*"))) < self.parties and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
 class ReplayEvaluator:
     """Answers the calls the tuner makes of a GPU evaluator, from a recording."""
 
     def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
-                 fault_after: int | None = None):
+                 fault_after: int | None = None, meeting: tuple[Meeting, str] | None = None):
         self.recording = recording
         self.crash_on = crash_on  # kernel names whose evaluation kills the "worker"
         self.delay_s = delay_s  # per evaluation, so that concurrent tuners overlap as on a GPU
         self.fault_after = fault_after  # evaluations answered before evaluate raises (a lost GPU)
+        self.meeting = meeting  # (the Meeting, this problem's mark): attended before the first evaluation
         self.restarts = 0
         self.evaluated: list[str] = []
         self.retimed: list[list[str]] = []
 
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
         assert kernel_name.encode() in cubin, "the source handed over is not this variant's"
+        if self.meeting is not None:
+            meeting, mark = self.meeting
+            self.meeting = None
+            meeting.attend(mark)
         if self.fault_after is not None and len(self.evaluated) >= self.fault_after:
             raise RuntimeError(f"replayed GPU fault after {self.fault_after} evaluations")
         self.evaluated.append(kernel_name)
@@ -93,22 +122,28 @@ class ReplayBackend:
     """Drop-in for autogen.backend.GpuBackend: Tuner(..., backend_factory=ReplayBackend.factory(doc))."""
 
     def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
-                 device_index: int | None = None, fault_after: int | None = None):
+                 device_index: int | None = None, fault_after: int | None = None,
+                 meeting: tuple[Meeting, str] | None = None):
         if recording.get("format") != RECORDING_FORMAT:
             raise ValueError(f"unsupported recording format {recording.get('format')!r}")
         self.device = DeviceIdentity(**recording["device"])
         self.device_index = device_index  # the "GPU" it stands for (autogen.distributed)
         self.free_bytes = 80 * 2**30
-        self.evaluator = ReplayEvaluator(recording, crash_on, delay_s, fault_after)
+        self.evaluator = ReplayEvaluator(recording, crash_on, delay_s, fault_after, meeting)
         self.compiled: list[str] = []
 
     @classmethod
     def factory(cls, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
-                made: list | None = None, fault_after: dict[int, int] | None = None) -> "ReplayFactory":
+                made: list | None = None, fault_after: dict[int, int] | None = None,
+                meet_in: str | Path | None = None, meet: dict[Problem, int] | None = None) -> "ReplayFactory":
         """A backend_factory; every backend it makes in this process is appended to ``made``
         when given. ``fault_after``: GPU (device index) -> evaluations its evaluator answers
-        before it raises, as a GPU lost mid-search."""
-        return ReplayFactory(recording, frozenset(crash_on), delay_s, made, dict(fault_after or {}))
+        before it raises, as a GPU lost mid-search. ``meet``: problem -> how many evaluators
+        (tuner or helper processes, in any process) start measuring it together, meeting in the
+        folder ``meet_in`` (see Meeting)."""
+        meetings = {_mark(p.family, p.dtype, p.dims): Meeting(str(meet_in), parties)
+                    for p, parties in (meet or {}).items()}
+        return ReplayFactory(recording, frozenset(crash_on), delay_s, made, dict(fault_after or {}), meetings)
 
     def __enter__(self) -> "ReplayBackend":
         return self
@@ -135,11 +170,14 @@ class ReplayFactory:
     delay_s: float = 0.0
     made: list | None = None
     fault_after: dict[int, int] = field(default_factory=dict)
+    meetings: dict[str, Meeting] = field(default_factory=dict)  # problem mark -> its Meeting
 
     def __call__(self, spec, _workers, _eval_timeout_s, **_shared) -> ReplayBackend:
         device_index = getattr(spec, "device_index", None)
+        mark = _mark(spec.family, spec.dtype, spec.dims)
+        meeting = (self.meetings[mark], mark) if mark in self.meetings else None
         backend = ReplayBackend(self.recording, self.crash_on, self.delay_s, device_index,
-                                self.fault_after.get(device_index))
+                                self.fault_after.get(device_index), meeting)
         if self.made is not None:
             self.made.append(backend)
         return backend
@@ -150,6 +188,11 @@ class ReplayFactory:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "made": None}  # another process's backends are not this list's
+
+
+def _mark(family: str, dtype: str, dims) -> str:
+    """A problem's name in a Meeting's folder."""
+    return "-".join([family, dtype] + [f"{name}{value}" for name, value in dims])
 
 
 def load(path: Path) -> dict:
