@@ -260,6 +260,30 @@ int run(const std::string& mode, int argc, char** argv)
         std::printf("\n%u\n%zu\n", tb, W::reference(x, t).size());
         return 0;
     }
+    if (mode == "large") {  // large dtype n: the parallel select, sort and multiset compare against plain ones
+        const std::size_t n = (std::size_t)std::atoll(argv[3]);
+        std::vector<E> x(n);
+        std::mt19937 random(7);
+        for (E& v : x) v = (E)(int)(random() % 100000u) - (E)50000;  // duplicates, negatives
+        const E t = (E)1000;
+        std::vector<E> want;
+        for (E v : x) if (v > t) want.push_back(v);
+        std::vector<std::uint32_t> sorted(x.size());
+        std::memcpy(sorted.data(), x.data(), n * sizeof(E));
+        std::sort(sorted.begin(), sorted.end());
+        selftest::HostVector<std::uint32_t> keys(n), scratch;
+        std::memcpy(keys.data(), x.data(), n * sizeof(E));
+        W::sort_bits(keys, scratch);
+        std::vector<E> got = W::reference(x, t), shuffled = got, changed = got;
+        std::shuffle(shuffled.begin(), shuffled.end(), random);
+        changed[changed.size() / 2] = (E)2000000;
+        std::string why, why_changed;
+        std::printf("%d %d %d %g %g\n", (int)(got == want), (int)std::equal(sorted.begin(), sorted.end(), keys.begin()),
+                    (int)W::kOrdered, W::compare((int)want.size(), shuffled, want, &why),
+                    W::compare((int)want.size(), changed, want, &why_changed));
+        std::printf("%s\n", why_changed.c_str());
+        return 0;
+    }
     // compare dtype k count < k got bits, k want bits
     const int k = std::atoi(argv[3]), count = std::atoi(argv[4]);
     std::vector<E> got((std::size_t)k), want((std::size_t)k);
@@ -443,3 +467,16 @@ def test_numpy_model_of_ranks_and_look_back(n, bs, vw, ipt, fraction):
     want = x[x > threshold]
     assert count == want.size
     np.testing.assert_array_equal(out[:count], want)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_hook_select_and_multiset_sort_split_over_cores_agree_with_plain_ones(hook, dtype):
+    from test_export import run
+
+    binary, _files = hook
+    n = 300_007  # over 2^16 elements a part: several parts, an uneven last one
+    lines = run([str(binary), "large", dtype, str(n)]).stdout.splitlines()
+    same_selection, sorted_alike, ordered, shuffled, changed = lines[0].split()
+    assert same_selection == "1" and sorted_alike == "1"
+    assert float(shuffled) == (math.inf if ordered == "1" else 0.0)  # in order, or as a multiset
+    assert float(changed) == math.inf and "values differ" in lines[1]
