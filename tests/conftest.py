@@ -71,3 +71,13 @@ def checkout_env() -> dict:
     the PYTHONPATH already set (dependencies installed with pip --target, as on the GPU machines)."""
     root = str(Path(__file__).resolve().parent.parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+
+
+@pytest.fixture
+def fresh_scalar_cache(monkeypatch):
+    """An empty cache of converted kernel scalars (autogen.family.kernel_scalar). It holds at most
+    MAX_SCALARS values per process: tests that count conversions must not find it filled by the
+    tests that ran before them in the same worker."""
+    import autogen.family
+
+    monkeypatch.setattr(autogen.family, "_SCALARS", {})

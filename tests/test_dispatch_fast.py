@@ -18,6 +18,8 @@ from autogen.family import all_families, get_family, kernel_scalar, new_output
 from dbfixtures import H100, store_winner
 from tuning_db import TuningDB
 
+pytestmark = pytest.mark.usefixtures("fresh_scalar_cache")  # they count conversions
+
 SGEMV = get_family("sgemv")
 
 

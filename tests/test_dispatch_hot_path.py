@@ -18,6 +18,8 @@ from autogen import dispatch
 from autogen.dispatch import Dispatcher, TunedKernel, make_call
 from autogen.family import get_family
 
+pytestmark = pytest.mark.usefixtures("fresh_scalar_cache")  # they count conversions
+
 
 class _Memory:
     device_id = 0

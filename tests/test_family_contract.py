@@ -16,7 +16,8 @@ CASES = [(family, dtype) for family in sorted(FAMILIES) for dtype in FAMILIES[fa
 
 
 # The kernels a source defines, found once per source rather than searched for by name per step.
-KERNEL_DEFINITION = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\(')
+# The name is the last word before "(": attributes (__launch_bounds__(...), a cluster macro) come first.
+KERNEL_DEFINITION = re.compile(r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?(?:\w+\s+)*(\w+)\(')
 
 
 def small_problem(family, dtype):
