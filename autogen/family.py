@@ -97,6 +97,7 @@ class Family:
     name: str  # "sgemv"; a user family's is namespaced by @register: "mykernels.axpy"
     template: str  # the kernel template's file name, beside the module or in templates/
     selftest_template: str | None = None  # `autogen export --self-test` hook (see export/selftest.cu.j2)
+    selftest_includes: tuple[str, ...] = ()  # headers the hook's code needs, e.g. CUB's (included once)
     dims: tuple[str, ...]  # integer dimensions in order, e.g. ("m", "n")
     dim_defaults: Mapping[str, int] = {}  # dimensions a caller may leave out, e.g. {"batch": 1}
     traits: tuple[Trait, ...] = ()  # categorical problem attributes, after the dims in the key

@@ -319,6 +319,7 @@ def test_hook_entries_pick_ordered_or_multiset_checks(hook):
     selftest = files["autogen_copy_if_selftest.cu"]
     int_part = selftest.split("namespace autogen_copy_if_test {", 1)[1].split("}  // namespace autogen_copy_if_test")[0]
     f32_part = selftest.split("namespace autogen_copy_if_f32_test {", 1)[1]
+    assert "#include <cub/device/device_radix_sort.cuh>" in selftest  # large checks select and sort on the GPU
     assert "kOrdered = true;" in int_part and "typedef int Elem;" in int_part
     assert "kOrdered = false;" in f32_part and "typedef float Elem;" in f32_part  # a warp-atomic variant is in it
     source = files["autogen_copy_if.cu"]

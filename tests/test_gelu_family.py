@@ -413,7 +413,15 @@ int run(const char* mode, int n, int c, unsigned long long seed)
         v = W::to_elem_value(value);
     }
     std::string why;
-    const double error = W::output_error(x, y, W::form_of(c), &why);  // before why is read
+    double floor = 0.0;
+    const double error = W::output_error(x, y, W::form_of(c), &why, &floor);  // before why is read
+    if (std::string(mode) == "terms") {  // the GPU check's per-element sums, here on the host
+        std::string term_why;
+        const double term_error = selftest::l2_sums(x.size(), typename W::DeviceTerm{x.data(), y.data(), W::form_of(c)}).error(&term_why);
+        const double term_floor = selftest::rounding_error(selftest::l2_sums(x.size(), typename W::DeviceTerm{x.data(), nullptr, W::form_of(c)}));
+        std::printf("%.17g %.17g %.17g %.17g\n%s|%s\n", error, term_error, floor, term_floor, why.c_str(), term_why.c_str());
+        return 0;
+    }
     std::printf("%.17g\n%s\n", error, why.c_str());
     return 0;
 }
@@ -513,6 +521,29 @@ def judge(binary, dtype, case, seed, values) -> tuple[float, str]:
     lines = harness_lines(binary, "error", dtype, values.size, case, seed,
                           stdin=" ".join("nan" if np.isnan(v) else repr(float(v)) for v in values) + "\n")
     return float(lines[0]), (lines[1] if len(lines) > 1 else "")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_selftest_gpu_check_terms_give_the_host_error_and_floor(harness, dtype):
+    """Large shapes are checked on the GPU from per-element sums (DeviceTerm): the same error,
+    rounding floor and NaN verdict as the host's output_error."""
+    for case in (0, 1, 3, 4):
+        lines = harness_lines(harness, "inputs", dtype, 5001, case, 70 + case)
+        ref = np.array(lines[1].split(), dtype=np.float64)
+        for scale in (1.0, 1.002, 1.03):
+            values = ref.astype(np.float32) * np.float32(scale)
+            out = harness_lines(harness, "terms", dtype, values.size, case, 70 + case,
+                                stdin=" ".join(repr(float(v)) for v in values) + "\n")
+            error, term_error, floor, term_floor = map(float, out[0].split())
+            assert term_error == pytest.approx(error, rel=1e-9, abs=1e-15), (case, scale)
+            if dtype == "float32":  # no floor for float outputs (the GPU check makes none either)
+                assert floor == 0.0
+            else:
+                assert floor > 0 and term_floor == pytest.approx(floor, rel=1e-9), (case, scale)
+        values[11] = np.nan
+        out = harness_lines(harness, "terms", dtype, values.size, case, 70 + case,
+                            stdin=" ".join("nan" if np.isnan(v) else repr(float(v)) for v in values) + "\n")
+        assert out[0].split()[:2] == ["inf", "inf"] and out[1] == "1 of 5001 outputs are NaN/inf|1 of 5001 outputs are NaN/inf"
 
 
 def test_selftest_without_a_gpu_fails_cleanly(harness):

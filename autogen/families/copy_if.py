@@ -143,6 +143,7 @@ class CopyIf(Family):
     name = "copy_if"
     template = "copy_if.cu.j2"
     selftest_template = "export/selftest_copy_if.cu.j2"
+    selftest_includes = ("cub/device/device_radix_sort.cuh", "cub/device/device_select.cuh")  # its GPU check
     api = "copy_if"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
     dims = ("n",)
