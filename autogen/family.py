@@ -306,7 +306,7 @@ class Family:
         or bfloat16 (subnormals included); 0 for every other type, so fp32 and exact outputs are
         judged by the tolerance alone. Validation allows tolerance_for(problem) plus this
         (autogen.measure.judge): a softmax row of 128256 columns holds probabilities near
-        1/128256, fp16 subnormals, whose correct rounding alone is 2e-3 from float64. With
+        1/128256, fp16 subnormals, whose correct rounding alone exceeds the fp16 tolerance. With
         several outputs the largest applies to compare's worst error (every built-in family
         with a half output has that one output)."""
         from .measure import rounding_error
