@@ -10,22 +10,23 @@ autogen.reduce_sum, autogen.softmax and the rest (`autogen.all_families()` lists
 your own is a Family subclass decorated with @autogen.register (see README, "Tune your own kernel").
 """
 
-__version__ = "0.1.0"
+from autogen._version import __version__  # noqa: E402
 
-from .family import Family, Launch, Peer, Step, Trait, all_families, get_family, register  # noqa: E402
-from .space import Param, Space  # noqa: E402
+from autogen.core.family import Family, Launch, Peer, Step, Trait
+from autogen.core.registry import all_families, get_family, register  # noqa: E402
+from autogen.core.space import Param, Space  # noqa: E402
 
 
 def lookup(family, dtype=None, strict=False, **dims):
     """The kernel served for `family` at this shape: exact, nearest, arch or default."""
-    from .dispatch import lookup as _lookup
+    from autogen.runtime.dispatch import lookup as _lookup
     return _lookup(family, dtype, strict, **dims)
 
 
 def call(family, *args, stream=None, pdl=False, **kwargs):
     """Run `family` (any registered name, e.g. "mykernels.axpy") on these operands with the
     best kernel autogen has for this GPU and shape."""
-    from .dispatch import call as _call
+    from autogen.runtime.dispatch import call as _call
     return _call(get_family(family).name, args, kwargs, stream, pdl)
 
 
@@ -42,7 +43,7 @@ def __getattr__(name: str):
 
 def _call_function(family_name: str, api: str, doc: str | None):
     # The dispatcher's hot path itself (no wrapper around it): one Python call per kernel call.
-    from .dispatch import make_call
+    from autogen.runtime.dispatch import make_call
 
     call_family = make_call(family_name)
     call_family.__name__ = call_family.__qualname__ = api
@@ -50,7 +51,7 @@ def _call_function(family_name: str, api: str, doc: str | None):
     return call_family
 
 
-from .family import family_for_api  # noqa: E402
+from autogen.core.registry import family_for_api  # noqa: E402
 
 __all__ = ["Family", "Launch", "Param", "Peer", "Space", "Step", "Trait", "all_families", "call", "get_family",
            "lookup", "register", "__version__"]

@@ -1,3 +1,3 @@
-from .cli import entry
+from autogen.cli.main import entry
 
 entry()

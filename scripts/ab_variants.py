@@ -52,11 +52,11 @@ def variants(family, bases: list[dict], varied: list[tuple[str, list[str]]]) -> 
 
 def ab_problem(family, problem, configs, rounds: int) -> dict:
     """Validate, then re-time every config interleaved, and time the peer, for one problem."""
-    from autogen import roofline
-    from autogen.compile import compile_many
-    from autogen.gpu import device_identity
-    from autogen.render import render
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu import roofline
+    from autogen.gpu.compile import compile_many
+    from autogen.gpu.device import device_identity
+    from autogen.core.render import render
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     evaluator = Evaluator(WorkSpec.of(problem))
     names = {family.kernel_name(problem.dtype, c): c for c in configs}
@@ -100,7 +100,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
 
     family = get_family(args.family)
     varied = [(name, choices.split(",")) for name, _, choices in (v.partition("=") for v in args.vary)]

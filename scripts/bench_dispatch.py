@@ -4,7 +4,7 @@
    y=y), autogen.reduce_sum(x, out=out), autogen.softmax(x, out=out), and families added later),
    against bare CuPy RawKernel launches of the same kernels with the same arguments (target
    <= 1.1x). The same arrays every call, as in a decode loop: from the third call on, autogen
-   serves the call bound (autogen.bound), in C where autogen/_hitpath.c is built; the same call
+   serves the call bound (autogen.runtime.bound_calls), in C where autogen/_hitpath.c is built; the same call
    with its remembered calls served from Python is timed beside it. Host time: perf_counter
    around many calls, the GPU kept from becoming the bottleneck by tiny shapes.
 2. Regret on shapes that were not tuned: the dispatcher's pick (served from the tuned grid in
@@ -53,7 +53,7 @@ def per_call_us(fns: dict, calls: int, rounds: int = 7) -> dict:
 def python_served_call(family_name: str):
     """The family's dispatched call with its remembered calls served from Python (the C hit
     path off), made beside the cached one."""
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     built, cached = dispatch.HitPath, dispatch._calls.pop(family_name, None)
     dispatch.HitPath = None
@@ -69,14 +69,15 @@ def host_overhead(db_url: str, calls: int = 5000, profile: bool = False, rounds:
     """Host time per dispatched call on a hit, for every family with Family.example_call,
     against bare launches of the same kernel functions with the same arguments: "bare" with
     NumPy scalars (what a user of a CuPy RawKernel writes: np.int32(m), np.float32(alpha)) and
-    "bare_preconverted" with the scalars converted once (autogen.family.kernel_scalar), the
+    "bare_preconverted" with the scalars converted once (autogen.core.operands.kernel_scalar), the
     floor of any launch through CuPy, and "bind" the family's argument checks alone (no launch).
     All are timed interleaved."""
     import cupy
 
     import autogen
-    import autogen.dispatch as dispatch
-    from autogen.family import Family, all_families
+    import autogen.runtime.dispatch as dispatch
+    from autogen.core.family import Family
+    from autogen.core.registry import all_families
 
     dispatch._default_dispatcher = dispatch.Dispatcher(db_url)
     device = cupy.cuda.runtime.getDevice()
@@ -148,12 +149,12 @@ def profile_hot_path(fn, calls: int = 5000) -> None:
 def regret(db_url: str, out: Path, trials: int) -> list[dict]:
     from tuning_db import TuningDB
 
-    import autogen.dispatch as dispatch
-    from autogen.compile import compile_cubin
-    from autogen.family import get_family
-    from autogen.render import render
-    from autogen.tuner import TuneOptions, tune
-    from autogen.worker import Evaluator, WorkSpec
+    import autogen.runtime.dispatch as dispatch
+    from autogen.gpu.compile import compile_cubin
+    from autogen.core.registry import get_family
+    from autogen.core.render import render
+    from autogen.search.tuner import TuneOptions, tune
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     own_db = f"sqlite:///{out / 'regret_own.db'}"

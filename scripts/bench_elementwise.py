@@ -14,7 +14,7 @@ median per call. torch.compile is warmed up (compiled, autotuned) outside captur
 call (autogen.gelu / autogen.bias_mask_scale_add, result allocated like F.gelu's, from the graph's
 pool) is timed there too: the speedups over torch are taken between the two in torch's graphs,
 the same method. Both recycle the results where they fit in L2 (2^20): torch's graphs two or three
-buffers from their pool, the tuner three (autogen.measure.RECYCLED_RESULTS).
+buffers from their pool, the tuner three (autogen.gpu.measure.RECYCLED_RESULTS).
 
 Budget: 27 problems (18 gelu, 9 bias_mask_scale_add), each a tune plus the torch peers. From the
 last H200 run (docs/results/bench_elementwise_h200.json, 4 trials): per problem ~0.8 s start-up,
@@ -114,8 +114,8 @@ def autogen_function(problem):
 
 def torch_input_sets(torch, family, problem, cupy, l2_bytes: int):
     """The tuner's timing inputs (same case, same number of cold sets), as torch tensors."""
-    from autogen.measure import timing_sets
-    from autogen.peers import as_tensor
+    from autogen.gpu.measure import timing_sets
+    from autogen.gpu.peers import as_tensor
 
     free, _total = cupy.cuda.runtime.memGetInfo()
     rng = cupy.random.default_rng(1)
@@ -193,7 +193,7 @@ def check_peer_output(torch, family, problem, fn, inputs, tensors) -> float:
     """Relative L2 error of a peer's result against the float64 reference (peers are checked too)."""
     import cupy
 
-    from autogen.measure import relative_error
+    from autogen.core.compare import relative_error
 
     result = fn(tensors).reshape(-1)
     if problem.dtype == "bfloat16":
@@ -202,7 +202,7 @@ def check_peer_output(torch, family, problem, fn, inputs, tensors) -> float:
     magnitude = family.reference_magnitude(problem, inputs, cupy)
     values = cupy.asarray(result)
     if problem.dtype == "bfloat16":
-        from autogen.dtypes import to_float64
+        from autogen.core.dtypes import to_float64
         values = to_float64(cupy, values, "bfloat16")
     error, reason = relative_error(cupy, values, expected, magnitude)
     return math.inf if reason else error
@@ -219,7 +219,7 @@ def time_torch_peers(problem, family, use_compile: bool, compile_cache: dict, st
         return {"unavailable": "torch sees no CUDA device"}
     import cupy
 
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
 
     sets, tensors = torch_input_sets(torch, family, problem, cupy, device_identity().l2_bytes)
     result["input_sets"] = len(sets)
@@ -320,12 +320,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
     from autogen.report import tune_summary
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     db_url = args.db or f"sqlite:///{args.out / 'bench_elementwise.db'}"
-    from autogen import dispatch
+    from autogen.runtime import dispatch
     dispatch._default_dispatcher = dispatch.Dispatcher(db_url)  # autogen's calls serve this run's winners
     sizes = tuple(parse_size(text) for text in args.sizes.split(",")) if args.sizes else SIZES
     compile_cache: dict = {}

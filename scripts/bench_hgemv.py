@@ -54,9 +54,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
     from autogen.report import tune_summary
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     family = get_family("hgemv")
     db_url = args.db or f"sqlite:///{args.out / 'bench_tuning.db'}"

@@ -93,7 +93,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
 
     family = get_family("hgemv")
     harness = ab_harness()

@@ -1,6 +1,6 @@
 """The histogram and copy_if benchmark: tune each problem of the issue (winners land in --db),
 then time each winner and its peers in this process, on the same cold input sets, by the same
-CUDA-graph method (autogen.measure.time_enqueue), and print a table last.
+CUDA-graph method (autogen.gpu.measure.time_enqueue), and print a table last.
 
 Peers: CUB (DeviceHistogram::HistogramEven, DeviceSelect::If) from scripts/cub_peers.cu, built
 with nvcc in the background at the start; torch.histc (on a float32 copy of x made outside the
@@ -106,8 +106,8 @@ def cub_ready(build, wait: bool) -> Path | None:
 # -- timing in this process -----------------------------------------------------------------------
 
 def winner_launcher(cupy, family, problem, params: dict, arch: str):
-    from autogen.compile import compile_cubin
-    from autogen.render import render
+    from autogen.gpu.compile import compile_cubin
+    from autogen.core.render import render
 
     config = family.space.check(params)
     name = family.kernel_name(problem.dtype, config)
@@ -124,7 +124,7 @@ def winner_launcher(cupy, family, problem, params: dict, arch: str):
 
 
 def graph_us(cupy, enqueue, sets: int) -> float:
-    from autogen.measure import time_enqueue
+    from autogen.gpu.measure import time_enqueue
     return time_enqueue(cupy, enqueue, sets).median_us
 
 
@@ -183,8 +183,8 @@ def torch_events_us(torch, call, sets: int, replays: int = 7) -> float:
 def measure(cupy, torch, family, problem, params: dict, arch: str) -> dict:
     """Winner, CUB and torch on the same cold input sets; each peer's output checked once."""
     from autogen.families.cub_peers import cub_library
-    from autogen.gpu import device_identity, free_device_memory
-    from autogen.measure import timing_sets
+    from autogen.gpu.device import device_identity, free_device_memory
+    from autogen.gpu.measure import timing_sets
 
     rng = cupy.random.default_rng(12345)
     sets = timing_sets(family, problem, cupy, rng, True, device_identity().l2_bytes, free_device_memory())
@@ -223,7 +223,7 @@ def measure(cupy, torch, family, problem, params: dict, arch: str) -> dict:
 
 
 def torch_peers(torch, family, problem, sets, expected, times, methods, checks) -> None:
-    from autogen.peers import as_tensor
+    from autogen.gpu.peers import as_tensor
 
     k = len(sets)
     xs = [as_tensor(torch, s["x"], problem.dtype) for s in sets]
@@ -289,11 +289,11 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
-    from autogen.family import get_family
-    from autogen.gpu import device_identity, require_cupy
-    from autogen.peers import torch_cuda
+    from autogen.core.registry import get_family
+    from autogen.gpu.device import device_identity, require_cupy
+    from autogen.gpu.peers import torch_cuda
     from autogen.report import tune_summary
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     cupy = require_cupy()
     arch = device_identity().arch

@@ -5,7 +5,7 @@ each pair with its own weights A_i, read cold), captured twice:
   off:  plain kernels, plain launches (cuLaunchKernel through CuPy);
   on:   the GEMV's pdl variant (its first weights of A_i requested, griddepcontrol.wait before x_i) and a
         producer that triggers its dependents early and waits before reading y_{i-1}, both
-        launched with programmatic stream serialization (autogen.launch, cuLaunchKernelEx);
+        launched with programmatic stream serialization (autogen.gpu.launch, cuLaunchKernelEx);
   on_no_attr: the pdl kernels with plain launches (what the kernel changes alone cost).
 Each graph is replayed R times (CUDA events); the figure is the median time per pair. The final
 y of "on" and of "on_no_attr" must be bit-identical to "off" (the same arithmetic in the same
@@ -51,12 +51,12 @@ def chain_graph(cupy, family_name, m, n, mode, A, xs, ys, y0, producer, stream):
     import numpy as np
 
     import autogen
-    from autogen.launch import ensure_context, launch_ex
+    from autogen.gpu.launch import ensure_context, launch_ex
 
     pdl_kernels = mode in ("on", "on_no_attr")
     kernel = autogen.lookup(family_name, m=m, n=n, pdl=pdl_kernels)
     if mode == "on_no_attr":  # the pdl kernel's functions, launched the plain way
-        from autogen.dispatch import TunedKernel
+        from autogen.runtime.dispatch import TunedKernel
         kernel = TunedKernel(kernel.problem, kernel.name, kernel.params, kernel.served_by, kernel.provenance,
                              kernel._steps, kernel._module, pdl=False)
     ensure_context(cupy)
@@ -129,8 +129,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     import cupy
 
-    import autogen.dispatch as dispatch
-    from autogen.family import all_families
+    import autogen.runtime.dispatch as dispatch
+    from autogen.core.registry import all_families
 
     dispatch._default_dispatcher = dispatch.Dispatcher(args.db)
     props = cupy.cuda.runtime.getDeviceProperties(0)

@@ -52,9 +52,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
     from autogen.report import tune_summary
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     db_url = f"sqlite:///{args.out / 'bench_reduce_softmax.db'}"
     rows = []

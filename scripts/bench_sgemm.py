@@ -90,9 +90,9 @@ def fp32_peak_tflops() -> dict:
     occupancy on sm_80/sm_90), 8 independent chains per thread, graph-timed like the kernels."""
     import numpy as np
 
-    from autogen.compile import compile_cubin
-    from autogen.gpu import device_identity, require_cupy
-    from autogen.measure import time_enqueue
+    from autogen.gpu.compile import compile_cubin
+    from autogen.gpu.device import device_identity, require_cupy
+    from autogen.gpu.measure import time_enqueue
 
     cupy = require_cupy()
     device = device_identity()
@@ -123,10 +123,10 @@ def function_attributes(cupy, function) -> dict:
 def winner_resources(family, problem, params: dict, out: Path) -> dict:
     """Registers, shared and local memory and resident blocks per SM of a winner's main kernel,
     read from its cubin; its source in out/winners; its SASS mix when cuobjdump is on PATH."""
-    from autogen.compile import compile_cubin
+    from autogen.gpu.compile import compile_cubin
     from autogen.families.sgemm import geometry
-    from autogen.gpu import device_identity, require_cupy
-    from autogen.render import render
+    from autogen.gpu.device import device_identity, require_cupy
+    from autogen.core.render import render
 
     cupy = require_cupy()
     config = family.space.check(params)
@@ -216,9 +216,9 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
     from autogen.report import tune_summary
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     report: dict = {}
     if args.cli_cold_start:

@@ -44,9 +44,9 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
     from autogen.report import tune_summary
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     report = {"cli_cold_start": cold_cli_run(args.out, 16384, 16, [])}
     db_url = args.db or f"sqlite:///{args.out / 'bench_tuning.db'}"

@@ -98,7 +98,7 @@ def import_time() -> dict:
     samples = []
     for _ in range(3):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import autogen.commands, autogen.tuner, cupy"], check=True, cwd=ROOT,
+        subprocess.run([sys.executable, "-c", "import autogen.cli.commands, autogen.search.tuner, cupy"], check=True, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
         samples.append(time.perf_counter() - started)
     optuna = []

@@ -23,7 +23,7 @@ def main() -> int:
     args = parser.parse_args()
     from tuning_db import TuningDB
 
-    from autogen.pretuned import dump_catalog
+    from autogen.catalog.pretuned import dump_catalog
 
     slug = re.sub(r"[^a-z0-9]+", "_", args.gpu.lower()).strip("_")
     path = ROOT / "autogen" / "data" / f"pretuned_{slug}.json"

@@ -25,9 +25,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from tuning_db import TuningDB
-    from autogen.family import get_family
-    from autogen.pretuned import dump_catalog
-    from autogen.tuner import TuneOptions, tune
+    from autogen.core.registry import get_family
+    from autogen.catalog.pretuned import dump_catalog
+    from autogen.search.tuner import TuneOptions, tune
 
     db_url = args.db or f"sqlite:///{args.out / 'pretuned.db'}"
     family = get_family("sgemv")

@@ -39,7 +39,7 @@ def evaluations_to_target(trials, table: dict[str, float], target_us: float) -> 
 
 def run_strategy(problem, mode: str, seed: int, out: Path, grid_db: str | None, budget: int, stop_at: float):
     from tuning_db import TuningDB
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     path = SCRATCH / f"sq_{problem.shape_key.replace(',', '_').replace('=', '')}_{mode}_{seed}.db"
     path.unlink(missing_ok=True)
@@ -64,9 +64,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from tuning_db import TuningDB
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
     from autogen.testing.replay import record
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     family = get_family("sgemv")
     report = {"shapes": []}
@@ -118,11 +118,11 @@ def main() -> int:
 
 def repeatability(out: Path) -> dict:
     """Tune 16384x16 twice from scratch with different seeds; re-time both winners interleaved."""
-    from autogen.compile import compile_cubin
-    from autogen.family import get_family
-    from autogen.render import render
-    from autogen.tuner import TuneOptions, tune
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.core.registry import get_family
+    from autogen.core.render import render
+    from autogen.search.tuner import TuneOptions, tune
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     problem = family.problem(m=16384, n=16)

@@ -12,7 +12,7 @@ import pytest
 @functools.lru_cache(maxsize=1)
 def gpu_unavailable_reason() -> str | None:
     from autogen.errors import GpuUnavailableError
-    from autogen.gpu import require_cupy
+    from autogen.gpu.device import require_cupy
 
     try:
         require_cupy()
@@ -25,7 +25,7 @@ def gpu_unavailable_reason() -> str | None:
 def nvrtc_usable() -> bool:
     """NVRTC needs no GPU: CPU tests compile through it where CuPy's NVRTC library is present."""
     try:
-        from autogen.compile import nvrtc_version
+        from autogen.gpu.compile import nvrtc_version
         nvrtc_version()
     except Exception:
         return False
@@ -51,7 +51,7 @@ def db_url(tmp_path) -> str:
 @pytest.fixture
 def no_catalog(monkeypatch):
     """Without autogen's shipped catalog: only the test's own database is read."""
-    from autogen import pretuned
+    from autogen.catalog import pretuned
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()
     yield
@@ -75,9 +75,9 @@ def checkout_env() -> dict:
 
 @pytest.fixture
 def fresh_scalar_cache(monkeypatch):
-    """An empty cache of converted kernel scalars (autogen.family.kernel_scalar). It holds at most
+    """An empty cache of converted kernel scalars (autogen.core.operands.kernel_scalar). It holds at most
     MAX_SCALARS values per process: tests that count conversions must not find it filled by the
     tests that ran before them in the same worker."""
-    import autogen.family
+    import autogen.core.operands
 
-    monkeypatch.setattr(autogen.family, "_SCALARS", {})
+    monkeypatch.setattr(autogen.core.operands, "_SCALARS", {})

@@ -5,8 +5,8 @@ from __future__ import annotations
 from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity, TrialRecord
 
-from autogen.family import get_family
-from autogen.render import render, source_hash
+from autogen.core.registry import get_family
+from autogen.core.render import render, source_hash
 
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "9.0", 132, 52428800, 13000, 13000, "13.0")
 H100_PCIE = DeviceIdentity("NVIDIA H100 PCIe", "9.0", 114, 52428800, 13000, 13000, "13.0")

@@ -4,7 +4,7 @@
 
 Tunes sgemv 8192 x 16 from the H100 recording, each evaluation taking DELAY_S, and writes what
 it evaluated and its counts to OUT.json (a process killed with SIGKILL writes nothing). With
-GPUS ("0,1"), it tunes on those "GPUs" as `--gpus` does (autogen.distributed: helper processes).
+GPUS ("0,1"), it tunes on those "GPUs" as `--gpus` does (autogen.distributed.multi_gpu: helper processes).
 With MEET_DIR, its evaluators start measuring together with the others of PARTIES evaluators
 (the replay aid's Meeting: other worker processes, or its own helper processes).
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autogen.family import get_family  # noqa: E402
-from autogen.distributed import tune_problems  # noqa: E402
+from autogen.core.registry import get_family  # noqa: E402
+from autogen.distributed.multi_gpu import tune_problems  # noqa: E402
 from autogen.testing.replay import ReplayBackend, load  # noqa: E402
-from autogen.tuner import TuneOptions  # noqa: E402
+from autogen.search.tuner import TuneOptions  # noqa: E402
 
 ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
 PROBLEM = get_family("sgemv").problem(m=8192, n=16)

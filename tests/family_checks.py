@@ -18,12 +18,12 @@ def checked_seeds(family, problem, large: bool) -> list:
 
 
 def judged_with_output(family, problem, inputs: dict, output):
-    """autogen.measure.judge of `inputs` with the family's (one) output set to the float64 values
+    """autogen.core.compare.judge of `inputs` with the family's (one) output set to the float64 values
     `output`, stored as the output's type: (error, why it fails or "")."""
     import numpy as np
 
-    from autogen.dtypes import to_storage
-    from autogen.measure import judge
+    from autogen.core.dtypes import to_storage
+    from autogen.core.compare import judge
 
     expected = family.reference(problem, inputs, np)
     magnitude = family.reference_magnitude(problem, inputs, np)
@@ -33,7 +33,7 @@ def judged_with_output(family, problem, inputs: dict, output):
 
 
 def held(args) -> tuple:
-    """A step's kernel arguments as the values they hold. autogen.family.kernel_scalar gives a
+    """A step's kernel arguments as the values they hold. autogen.core.operands.kernel_scalar gives a
     holder of CuPy's where CuPy has been imported (by any earlier test, or the GPU check at
     collection) and a NumPy scalar otherwise: a test of the plan must pass either way."""
     return tuple(getattr(arg, "held", arg) for arg in args)

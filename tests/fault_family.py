@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from autogen import Param, Space
 from autogen.family import Family, Launch, random_uniform, register
-from autogen.space import Param, Space
 
 
 @register

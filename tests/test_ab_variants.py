@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from autogen.family import get_family
+from autogen.core.registry import get_family
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ab_variants.py"
 

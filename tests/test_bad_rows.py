@@ -15,10 +15,10 @@ import pytest
 from dbfixtures import H100, store_winner
 from tuning_db import InvalidRowError, TuningDB
 
-from autogen import pretuned
-from autogen.cli import main
-from autogen.dispatch import Dispatcher, TunedKernel
-from autogen.family import get_family
+from autogen.catalog import pretuned
+from autogen.cli.main import main
+from autogen.runtime.dispatch import Dispatcher, TunedKernel
+from autogen.core.registry import get_family
 
 SGEMV = get_family("sgemv")
 BAD_SHAPE = "m=8192,n=16"  # the nearest tuned shape to m=6000,n=16
@@ -139,9 +139,9 @@ UNSERVABLE = [
 
 def fake_build(monkeypatch, dispatcher: Dispatcher) -> list:
     """_build without a GPU: compiling returns a stand-in kernel; every validation passes."""
-    import autogen.gpu
+    import autogen.gpu.device
 
-    monkeypatch.setattr(autogen.gpu, "device_identity", lambda: H100)
+    monkeypatch.setattr(autogen.gpu.device, "device_identity", lambda: H100)
     compiled = []
 
     def compile_(family, problem, config, served_by, winner, device):

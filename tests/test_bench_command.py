@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tuning_db import TuningDB
 
-from autogen.cli import main
-from autogen.family import get_family
+from autogen.cli.main import main
+from autogen.core.registry import get_family
 from autogen.testing.replay import ReplayEvaluator, load
 
 RECORDING = load(Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json")
@@ -17,7 +17,7 @@ SGEMV = get_family("sgemv")
 
 
 class ReplayIsolatedEvaluator(ReplayEvaluator):
-    """Stands where autogen.worker.IsolatedEvaluator stands; answers from the recording."""
+    """Stands where autogen.gpu.worker.IsolatedEvaluator stands; answers from the recording."""
 
     def __init__(self, spec, timeout_s: float = 60.0):
         super().__init__(RECORDING)
@@ -33,13 +33,13 @@ class ReplayIsolatedEvaluator(ReplayEvaluator):
 
 @pytest.fixture
 def replayed_gpu(monkeypatch):
-    import autogen.compile
-    import autogen.gpu
-    import autogen.worker
+    import autogen.gpu.compile
+    import autogen.gpu.device
+    import autogen.gpu.worker
 
-    monkeypatch.setattr(autogen.worker, "IsolatedEvaluator", ReplayIsolatedEvaluator)
-    monkeypatch.setattr(autogen.gpu, "require_cupy", lambda: None)
-    monkeypatch.setattr(autogen.compile, "compile_cubin", lambda source, arch: source.encode())
+    monkeypatch.setattr(autogen.gpu.worker, "IsolatedEvaluator", ReplayIsolatedEvaluator)
+    monkeypatch.setattr(autogen.gpu.device, "require_cupy", lambda: None)
+    monkeypatch.setattr(autogen.gpu.compile, "compile_cubin", lambda source, arch: source.encode())
 
 
 def recorded_config():

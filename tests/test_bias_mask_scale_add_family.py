@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autogen.dtypes import to_float64, to_storage
+from autogen.core.dtypes import to_float64, to_storage
 from autogen.errors import UsageError
-from autogen.family import get_family
-from autogen.render import render
+from autogen.core.registry import get_family
+from autogen.core.render import render
 from family_checks import checked_seeds, held, judged_with_output
 from nvcc_tools import nvcc_or_skip
 from test_export import H100, WERROR, build_library, run, run_export, store_winner

@@ -1,4 +1,4 @@
-"""Repeated dispatched calls served from an earlier binding (autogen.bound), on the CPU.
+"""Repeated dispatched calls served from an earlier binding (autogen.runtime.bound_calls), on the CPU.
 
 Stand-in CuPy arrays (weak-referenceable, reshapeable in place like CuPy's) and a stand-in
 driver launch that records what it is given. A call is remembered on its second sighting and
@@ -17,12 +17,12 @@ import types
 import numpy as np
 import pytest
 
-import autogen.family as family_module
-from autogen import dispatch
-from autogen.bound import MISSED, BoundCall, Sighting, bind_once, sighting
-from autogen.dispatch import Dispatcher, TunedKernel, make_call
+import autogen.core.operands as family_module
+from autogen.runtime import dispatch
+from autogen.runtime.bound_calls import MISSED, BoundCall, Sighting, bind_once, sighting
+from autogen.runtime.dispatch import Dispatcher, TunedKernel, make_call
 from autogen.errors import ArgumentError
-from autogen.family import get_family
+from autogen.core.registry import get_family
 
 _next_pointer = [1 << 20]
 
@@ -122,7 +122,7 @@ def served(request, monkeypatch):
         monkeypatch.setattr(dispatch, "HitPath", None)
     else:
         if dispatch.HitPath is None:
-            pytest.fail("autogen._hitpath is not built: pip install -e . builds it")
+            pytest.fail("autogen.runtime._hitpath is not built: pip install -e . builds it")
         callback = C_LAUNCH_KERNEL(driver.c_launch_kernel)
         address = ctypes.cast(callback, ctypes.c_void_p).value
         monkeypatch.setattr(dispatch, "cuda_launch_kernel_address", lambda: address)
@@ -240,7 +240,7 @@ def test_a_call_that_allocates_its_output_binds_every_time(served):
 
 
 def test_arrays_new_at_every_call_are_never_packed(served, monkeypatch):
-    import autogen.dispatch as module
+    import autogen.runtime.dispatch as module
     packed = []
     real = module.bind_once
     monkeypatch.setattr(module, "bind_once", lambda *a: packed.append(1) or real(*a))
@@ -346,6 +346,6 @@ def test_without_the_driver_library_the_c_hit_path_leaves_every_call_to_python(s
 
 
 def test_the_packed_launch_layout_is_the_c_hit_paths():
-    hit_path = pytest.importorskip("autogen._hitpath")  # not built: test_*[c] above fail instead
-    from autogen.bound import PACKED_LAUNCH
+    hit_path = pytest.importorskip("autogen.runtime._hitpath")  # not built: test_*[c] above fail instead
+    from autogen.runtime.bound_calls import PACKED_LAUNCH
     assert PACKED_LAUNCH.size == hit_path.PACKED_LAUNCH_BYTES == 48

@@ -13,11 +13,11 @@ import json
 import pytest
 from tuning_db import TuningDB
 
-from autogen import pretuned
-from autogen.cli import main
-from autogen.dispatch import Dispatcher
-from autogen.family import get_family
-from autogen.warmstart import seeds
+from autogen.catalog import pretuned
+from autogen.cli.main import main
+from autogen.runtime.dispatch import Dispatcher
+from autogen.core.registry import get_family
+from autogen.search.warmstart import seeds
 from dbfixtures import H100, store_winner
 
 SGEMV = get_family("sgemv")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from autogen.cli import main
+from autogen.cli.main import main
 from conftest import gpu_unavailable_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,9 +56,9 @@ def test_argparse_usage_errors_exit_2():
 
 
 def test_shapes_file_and_comma_lists(tmp_path, capsys):
-    from autogen.cli import build_parser
-    from autogen.family import get_family
-    from autogen.options import problems_from_args
+    from autogen.cli.main import build_parser
+    from autogen.core.registry import get_family
+    from autogen.cli.options import problems_from_args
 
     sgemv = get_family("sgemv")
     shapes = tmp_path / "shapes.txt"
@@ -79,7 +79,7 @@ def test_help_needs_no_gpu():
 def test_list_show_and_db_upgrade_read_the_database(db_url, capsys, monkeypatch):
     import json
 
-    from autogen import commands
+    from autogen.cli import commands
 
     from dbfixtures import A100, H100, store_winner
     from tuning_db import TuningDB
@@ -154,7 +154,7 @@ FAMILY_COMMANDS = ("tune", "bench", "show", "export")
 
 
 def _builtin_families() -> list[str]:
-    from autogen.family import all_families
+    from autogen.core.registry import all_families
     return sorted(name for name, family in all_families(include_plugins=False).items()
                   if family.module.startswith("autogen."))
 
@@ -170,8 +170,8 @@ def _help_of(capsys, argv: list[str]) -> str:
 
 @pytest.mark.parametrize("family", _builtin_families())
 def test_every_command_has_help_for_every_builtin_family(capsys, family):
-    from autogen.family import get_family
-    from autogen.options import dim_flag
+    from autogen.core.registry import get_family
+    from autogen.cli.options import dim_flag
 
     dims = get_family(family).dims
     for command in FAMILY_COMMANDS:
@@ -201,8 +201,8 @@ def test_a_family_may_write_percent_signs_in_its_texts():
     # argparse %-formats help text: a family's '%' (histogram's "90% of the values") broke --help.
     import types
 
-    from autogen.cli import build_parser
-    from autogen.family import Trait
+    from autogen.cli.main import build_parser
+    from autogen.core.family import Trait
 
     family = types.SimpleNamespace(
         name="user.percent", description="x % y, 100% of %(prog)s, %d %o", dims=("n_50pct",), dim_defaults={},

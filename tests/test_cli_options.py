@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from autogen.cli import main
+from autogen.cli.main import main
 from autogen.errors import UsageError
-from autogen.family import get_family
-from autogen.gpu import _no_gpu_message
-from autogen.options import check_db_url, check_export_out, int_list, problems_from_args, read_shapes_file
+from autogen.core.registry import get_family
+from autogen.gpu.device import _no_gpu_message
+from autogen.cli.options import check_db_url, check_export_out, int_list, problems_from_args, read_shapes_file
 from autogen.report import terminal_text
 
 TUNE = ["tune", "sgemv", "--m", "64", "--n", "64"]
@@ -169,7 +169,7 @@ def test_show_names_the_kernel_its_source_defines(db_url, capsys):
 
 
 def test_shipped_catalog_shows_when_it_was_tuned(capsys, tmp_path):
-    from autogen import pretuned
+    from autogen.catalog import pretuned
 
     pretuned.pretuned_db.cache_clear()
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
@@ -236,7 +236,7 @@ def test_numbers_are_ascii_only(capsys, args, option):
 
 
 def test_ascii_numbers_and_fractions_still_parse():
-    from autogen.cli import build_parser
+    from autogen.cli.main import build_parser
 
     copy_if = get_family("copy_if")
     args = build_parser(copy_if).parse_args(["tune", "copy_if", "--n", "4096", "--selectivity", "0.5", "--trials",
@@ -305,7 +305,7 @@ def test_shapes_that_are_not_a_regular_file_are_refused(capsys, tmp_path):
 
 
 def test_shapes_larger_than_the_limit_are_refused(capsys, tmp_path):
-    from autogen.options import MAX_SHAPES_BYTES
+    from autogen.cli.options import MAX_SHAPES_BYTES
 
     path = tmp_path / "shapes.txt"
     with path.open("wb") as file:
@@ -332,7 +332,7 @@ def test_tune_table_escapes_a_stored_kernel_name():
     assert "\x1b" not in shown and "\x07" not in shown and "\\x1b]0;owned\\x07" in shown
 
 
-@pytest.mark.parametrize("module", ["autogen.tuner", "autogen.distributed"])
+@pytest.mark.parametrize("module", ["autogen.search.tuner", "autogen.distributed.multi_gpu"])
 def test_tune_progress_lines_escape_stored_names(capsys, module):
     import importlib
 

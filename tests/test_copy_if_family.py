@@ -10,10 +10,11 @@ import math
 import numpy as np
 import pytest
 
+from autogen.core.problem import shape_distance
 from autogen.errors import InvalidConfigError, UsageError
 from autogen.families.copy_if import (FRACTIONS, INT_POISON, ORDERED_MODES, copy_if_values, exact_selection,
                                       selectivity_class)
-from autogen.family import get_family
+from autogen.core.registry import get_family
 from family_checks import held
 from test_histogram_family import build_harness, export_with_defaults
 
@@ -44,7 +45,7 @@ def test_problem_keys_and_defaults():
     with pytest.raises(UsageError, match="order"):
         FAMILY.problem(n=7, order="sorted")
     a, b = FAMILY.problem(n=2**24, selectivity="p50"), FAMILY.problem(n=2**24, selectivity="p99")
-    assert math.isinf(FAMILY.distance(a, b))
+    assert math.isinf(shape_distance(a, b))
     assert FAMILY.c_params_for("float32") == "const float* x, float* values, int* count, int n, float threshold"
     assert FAMILY.c_params_for("int32") == FAMILY.c_params
 

@@ -9,10 +9,10 @@ import pytest
 from dbfixtures import A100, H100, H100_PCIE, store_winner
 from tuning_db import TuningDB
 
-from autogen import pretuned
-from autogen.dispatch import Dispatcher
+from autogen.catalog import pretuned
+from autogen.runtime.dispatch import Dispatcher
 from autogen.errors import NotTunedError
-from autogen.family import get_family
+from autogen.core.registry import get_family
 
 SGEMV = get_family("sgemv")
 
@@ -115,7 +115,7 @@ def test_concurrent_first_calls_build_the_kernel_once(dispatcher, monkeypatch):
     import time
     import types
 
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0)))
     monkeypatch.setattr(dispatch, "_CUPY", fake_cupy)
@@ -142,7 +142,7 @@ def test_shipped_catalog_holds_no_stale_kernel(path):
     # A template change that alters a shipped winner's source makes it stale: served only after
     # a validation on first use and marked stale by `autogen list`. Such a change must re-tune
     # the catalog's problems (scripts/catalog_from.py) in the same commit.
-    from autogen.environment import winner_source_hash
+    from autogen.catalog.environment import winner_source_hash
     stale = [f"{w.trial.family} {w.trial.dtype} {w.trial.shape_key}" for w in pretuned.load_catalog(path)
              if winner_source_hash(get_family(w.trial.family), w) != w.trial.source_hash]
     assert not stale, f"{len(stale)} stale: {stale[:5]}"

@@ -10,11 +10,12 @@ import types
 import numpy as np
 import pytest
 
-from autogen import family as family_module
-from autogen import pretuned
-from autogen.dispatch import Dispatcher, TunedKernel, capturing
+from autogen.core import operands as family_module
+from autogen.catalog import pretuned
+from autogen.runtime.dispatch import Dispatcher, TunedKernel, capturing
 from autogen.errors import CaptureError
-from autogen.family import all_families, get_family, kernel_scalar, new_output
+from autogen.core.registry import all_families, get_family
+from autogen.core.operands import kernel_scalar, new_output
 from dbfixtures import H100, store_winner
 from tuning_db import TuningDB
 
@@ -74,7 +75,7 @@ def test_cupy_without_a_driver_captures_nothing():
 
 
 def test_first_use_inside_capture_asks_for_a_warm_up(db_url, monkeypatch):
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()
@@ -93,7 +94,7 @@ def test_cupy_pool_allocation_inside_capture_is_refused():
 
 
 def test_a_stale_exact_winner_is_validated_before_it_is_served(db_url, monkeypatch):
-    import autogen.gpu
+    import autogen.gpu.device
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()
@@ -108,10 +109,10 @@ def test_a_stale_exact_winner_is_validated_before_it_is_served(db_url, monkeypat
 
     monkeypatch.setattr(dispatcher, "_compile", compile_)
     monkeypatch.setattr(dispatcher, "_validated", lambda *args: validations.append(args[5:]) or True)
-    monkeypatch.setattr(autogen.gpu, "device_identity", lambda: H100)
+    monkeypatch.setattr(autogen.gpu.device, "device_identity", lambda: H100)
     fresh = dispatcher._build(SGEMV.problem(m=4096, n=16), False)
     assert fresh.served_by == "exact" and fresh.stale == () and validations == []
-    monkeypatch.setattr(autogen.gpu, "device_identity", lambda: newer)
+    monkeypatch.setattr(autogen.gpu.device, "device_identity", lambda: newer)
     stale = dispatcher._build(SGEMV.problem(m=4096, n=16), False)
     assert stale.served_by == "exact" and stale.stale == ("driver 13.0 -> 13.1",)
     assert validations == [(True,)]  # validated here, whatever the database remembers

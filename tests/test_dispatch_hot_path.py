@@ -13,10 +13,10 @@ import types
 import numpy as np
 import pytest
 
-import autogen.family as family_module
-from autogen import dispatch
-from autogen.dispatch import Dispatcher, TunedKernel, make_call
-from autogen.family import get_family
+import autogen.core.operands as family_module
+from autogen.runtime import dispatch
+from autogen.runtime.dispatch import Dispatcher, TunedKernel, make_call
+from autogen.core.registry import get_family
 
 pytestmark = pytest.mark.usefixtures("fresh_scalar_cache")  # they count conversions
 

@@ -26,12 +26,13 @@ import optuna
 import pytest
 from tuning_db import TuningDB, upgrade
 
-from autogen import distributed, studies
-from autogen.distributed import MultiGpu, parse_gpus, resolve_gpus
+from autogen.distributed import multi_gpu as distributed
+from autogen.search import studies
+from autogen.distributed.multi_gpu import MultiGpu, parse_gpus, resolve_gpus
 from autogen.errors import UsageError
-from autogen.family import get_family
+from autogen.core.registry import get_family
 from autogen.testing.replay import ReplayBackend, load
-from autogen.tuner import TuneOptions
+from autogen.search.tuner import TuneOptions
 from conftest import checkout_env
 
 HERE = Path(__file__).parent
@@ -192,7 +193,7 @@ def test_claims_decide_once_and_expire(url):
         ("v1", "done")]
 
 
-# -- several GPUs of one machine (autogen.distributed) ----------------------------------------------
+# -- several GPUs of one machine (autogen.distributed.multi_gpu) ----------------------------------------------
 #
 # The owner of a problem searches in this process; a GPU that helps it searches in a helper
 # process of its own, whose backend (the replay aid, with its delay) is made there: `made` holds
@@ -400,7 +401,7 @@ def _running(pid: int) -> bool:
 def test_compile_workers_end_with_their_process():
     # A process killed with SIGKILL (a helper process, say) must not leave its compile pool's
     # workers waiting for tasks forever.
-    script = ("import os, time\nfrom autogen.backend import _new_pool\npool = _new_pool(1)\n"
+    script = ("import os, time\nfrom autogen.gpu.backend import _new_pool\npool = _new_pool(1)\n"
               "print(pool.submit(os.getpid).result(), flush=True)\ntime.sleep(60)\n")
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                              env=checkout_env())
@@ -444,7 +445,7 @@ def test_gpus_option():
 
 
 def test_cli_refuses_bad_gpus_and_lease(capsys):
-    from autogen.cli import main
+    from autogen.cli.main import main
 
     assert main(["tune", "sgemv", "--m", "64", "--n", "16", "--gpus", "0,0"]) == 2
     assert main(["tune", "sgemv", "--m", "64", "--n", "16", "--lease", "1"]) == 2
@@ -472,7 +473,7 @@ def test_batched_study_writes_are_optunas_trials(url):
     rdb = studies.storage(url)
     import random
 
-    from autogen.search import distributions
+    from autogen.search.loop import distributions
 
     dists = distributions(SGEMV.space)
     rng = random.Random(3)
@@ -511,7 +512,7 @@ def test_batched_study_writes_are_optunas_trials(url):
 def test_a_worker_s_trials_reach_the_shared_study_in_batches(db_url):
     """SharedStudy.record queues; the writer adds what is queued in one transaction, and close()
     waits for it and counts the trials it could not write."""
-    from autogen.search import distributions, make_sampler
+    from autogen.search.loop import distributions, make_sampler
 
     dists = distributions(SGEMV.space)
     db = TuningDB(db_url)
@@ -541,8 +542,8 @@ def test_a_worker_s_trials_reach_the_shared_study_in_batches(db_url):
 def test_an_older_autogen_s_trials_are_mirrored_with_an_added_parameter_s_old_behaviour(db_url):
     """A shared study written before a parameter was added: its trials reach the local mirror
     completed (Space.complete), so TPE, which fits only trials holding its whole space, uses them."""
-    from autogen.search import distributions, make_sampler
-    from autogen.space import Param, Space
+    from autogen.search.loop import distributions, make_sampler
+    from autogen.core.space import Param, Space
 
     old_dists = distributions(SGEMV.space)
     db = TuningDB(db_url)
@@ -584,7 +585,7 @@ def _leave_an_object_to_finalise(path):
 def test_compile_workers_leave_without_finalising_the_interpreter(tmp_path):
     # Shutting the pool down waits for its processes; finalising CuPy and NumPy in each of them
     # took 0.4 s at the end of every tune on the H100 host, for nothing to clean up.
-    from autogen.backend import _new_pool
+    from autogen.gpu.backend import _new_pool
 
     marker = tmp_path / "finalised"
     pool = _new_pool(1)
@@ -595,7 +596,7 @@ def test_compile_workers_leave_without_finalising_the_interpreter(tmp_path):
 
 def test_compile_workers_run_at_a_lower_priority_than_the_tuner():
     # Busy compile processes: the GPU worker and the search must not wait behind them.
-    from autogen.backend import COMPILE_NICENESS, _new_pool
+    from autogen.gpu.backend import COMPILE_NICENESS, _new_pool
 
     pool = _new_pool(1)
     try:
@@ -612,8 +613,8 @@ def _dead_claim(url, params, lease_s, spoil=None):
     then replaces its params column as a tampered or foreign row would."""
     from tuning_db.records import TrialRecord
 
-    from autogen.render import render
-    from autogen.search import _body_hash
+    from autogen.core.render import render
+    from autogen.search.loop import _body_hash
 
     config = SGEMV.space.check(params)
     name = SGEMV.kernel_name("float32", config)
@@ -630,7 +631,7 @@ def _dead_claim(url, params, lease_s, spoil=None):
 def _tune_within(url, limit_s: float, **options):
     """Tune PROBLEM on the replay aid in a thread; (result or the exception, progress lines)
     once it ends, failing the test when it runs past ``limit_s``."""
-    from autogen.tuner import Tuner
+    from autogen.search.tuner import Tuner
 
     lines, outcome = [], []
 
@@ -684,9 +685,9 @@ def test_timeout_bounds_the_wait_for_other_workers(tmp_path):
 
 
 def test_the_lease_has_an_upper_bound():
-    from autogen.tuner import check_options
+    from autogen.search.tuner import check_options
 
-    from autogen.options import MAX_LEASE_S
+    from autogen.search.lease import MAX_LEASE_S
 
     with pytest.raises(UsageError, match=f"--lease must be between 2 and {MAX_LEASE_S:g} seconds"):
         check_options(TuneOptions(lease_s=1e9))

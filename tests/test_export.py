@@ -15,14 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autogen import commands as commands_module
-from autogen import export as export_module
-from autogen.cli import main
-from autogen.export import nearest_index
-from autogen import family as family_registry
-from autogen.family import all_families, get_family
-from autogen.family import Family
-from autogen.space import Param, Space
+from autogen.core.problem import shape_distance
+from autogen.cli import commands as commands_module
+from autogen.export import writer as export_module
+from autogen.cli.main import main
+from autogen.export.writer import nearest_index
+from autogen.core import registry as family_registry
+from autogen.core.registry import all_families, get_family
+from autogen.core.family import Family
+from autogen.core.space import Param, Space
 from conftest import gpu_unavailable_reason
 from nvcc_tools import ARCHS, nvcc_or_skip
 from tuning_db import DeviceIdentity, TrialRecord, TuningDB
@@ -69,7 +70,7 @@ def store_winner(db: TuningDB, device: DeviceIdentity, family: str, dims: dict, 
 
 def _procedural_name(family: str, dtype: str, key: str, params: dict) -> str | None:
     from autogen.errors import AutogenError
-    from autogen.problem import problem_of_record
+    from autogen.core.problem import problem_of_record
 
     fam, problem = get_family(family), problem_of_record(family, dtype, key)
     try:
@@ -275,7 +276,7 @@ def test_cmake_builds_library_and_selftest(exported, tmp_path):
 
 
 def test_c_dispatch_follows_the_python_rule(exported, tmp_path):
-    from autogen.dispatch import _by_distance
+    from autogen.runtime.dispatch import _by_distance
 
     library = build_library(exported / "autogen_sgemv.cu", "sm_90", tmp_path)
     binary = dispatch_probe(exported, "autogen_sgemv.h", "autogen_sgemv", 2, library, tmp_path)
@@ -290,14 +291,14 @@ def test_c_dispatch_follows_the_python_rule(exported, tmp_path):
     expected = []
     for m, n in queries:
         query = family.problem(m=m, n=n)
-        served = _by_distance(family, query, winners)[0]  # what autogen.dispatch serves from Python
+        served = _by_distance(family, query, winners)[0]  # what autogen.runtime.dispatch serves from Python
         expected.append(family.kernel_name("float32", family.space.check(served.trial.params)))
         assert expected[-1] == names[nearest_index(family, tuned, query)]
     assert probe_variants(binary, queries) == expected
     # The tie is exact, and the C breaks it as Python does: toward the smaller shape key.
     tie = family.problem(m=TIE[0], n=TIE[1])
-    assert family.distance(tie, family.problem(m=TIED_WINNER[0], n=TIED_WINNER[1])) == \
-        family.distance(tie, family.problem(m=TIED_LOSER[0], n=TIED_LOSER[1]))
+    assert shape_distance(tie, family.problem(m=TIED_WINNER[0], n=TIED_WINNER[1])) == \
+        shape_distance(tie, family.problem(m=TIED_LOSER[0], n=TIED_LOSER[1]))
     assert probe_variants(binary, [TIE]) == [names[list(SGEMV_WINNERS).index(TIED_WINNER)]]
     assert names[list(SGEMV_WINNERS).index(TIED_WINNER)] != names[list(SGEMV_WINNERS).index(TIED_LOSER)]
     assert probe_variants(binary, [(0, 5), (5, -1)]) == ["(null)", "(null)"]
@@ -307,7 +308,7 @@ def test_c_dispatch_follows_the_python_rule(exported, tmp_path):
 
 
 def test_a_fresh_machine_exports_the_shipped_catalog(tmp_path, monkeypatch, capsys):
-    from autogen import pretuned
+    from autogen.catalog import pretuned
     pretuned.pretuned_db.cache_clear()
     monkeypatch.setattr(export_module, "local_device", lambda: None)
     out = tmp_path / "out"
@@ -639,7 +640,7 @@ def harness_error(binary: Path, A, x, y_in, out, alpha: float, beta: float) -> t
 
 @pytest.mark.parametrize("m,n,alpha,beta", [(1, 4099, 1.5, 0.0), (37, 1000, -0.75, 1.25)])
 def test_selftest_error_matches_sgemv_py(error_harness, m, n, alpha, beta):
-    from autogen.measure import relative_error
+    from autogen.core.compare import relative_error
 
     family = get_family("sgemv")
     rng = np.random.default_rng(7)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autogen.family import get_family
+from autogen.core.registry import get_family
 from conftest import gpu_unavailable_reason
 from nvcc_tools import nvcc_or_skip
 from test_export import H100, WERROR, build_library, run, run_export, store_winner

@@ -7,9 +7,9 @@ import re
 import numpy as np
 import pytest
 
-from autogen.family import all_families
-from autogen.measure import judge
-from autogen.render import render
+from autogen.core.registry import all_families
+from autogen.core.compare import judge
+from autogen.core.render import render
 
 FAMILIES = all_families()
 CASES = [(family, dtype) for family in sorted(FAMILIES) for dtype in FAMILIES[family].dtypes]

@@ -14,7 +14,7 @@ import pytest
 from tuning_db import TuningDB
 from tuning_db.records import TrialRecord
 
-from autogen.cli import main
+from autogen.cli.main import main
 from dbfixtures import H100
 
 
@@ -73,7 +73,7 @@ GOOD_TEMPLATE = ('extern "C" __global__ void {{ kernel_name }}(float* y, int n) 
 def user_package(tmp_path, monkeypatch):
     """write(package, **changes): a user family in its own package on sys.path, its template
     beside it (template=None: none). The registry is restored afterwards."""
-    import autogen.family as family_module
+    import autogen.core.registry as family_module
 
     monkeypatch.setattr(family_module, "_REGISTRY", dict(family_module._REGISTRY))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -122,8 +122,8 @@ def test_a_broken_definition_is_refused_at_registration_in_one_line(user_package
 def test_a_template_that_cannot_render_stops_before_any_search_or_write(user_package, tmp_path, capsys, package,
                                                                         template, fragment):
     from autogen.errors import FamilyError
-    from autogen.family import get_family
-    from autogen.tuner import TuneOptions, Tuner
+    from autogen.core.registry import get_family
+    from autogen.search.tuner import TuneOptions, Tuner
 
     name = user_package(package, template=template)
     family = get_family(name)
@@ -152,8 +152,8 @@ def test_two_plugins_registering_one_dotted_name_are_refused(user_package):
 
 
 def test_the_reserved_names_cover_every_option_of_the_family_commands():
-    from autogen.cli import build_parser
-    from autogen.family import RESERVED_DIM_NAMES, get_family
+    from autogen.cli.main import build_parser
+    from autogen.core.registry import RESERVED_DIM_NAMES, get_family
 
     family = get_family("histogram")  # dimensions and traits: both become options
     own = set(family.dims) | {t.name for t in family.traits}

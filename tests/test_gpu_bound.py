@@ -1,4 +1,4 @@
-"""On the GPU: a repeated dispatched call served from an earlier binding (autogen.bound) launches
+"""On the GPU: a repeated dispatched call served from an earlier binding (autogen.runtime.bound_calls) launches
 the same kernels on the same memory as a freshly bound call, for every family with
 Family.example_call: new data written into the inputs in place is read, poisoned outputs are
 written, and the result matches a call bound anew (fresh output arrays). Where autogen/_hitpath.c
@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import autogen.dispatch as dispatch
-from autogen.dispatch import make_call
+import autogen.runtime.dispatch as dispatch
+from autogen.runtime.dispatch import make_call
 from test_gpu_capture import FAMILIES, as_tuple, cupy, defined, example, fresh_dispatcher, outputs  # noqa: F401
 
 pytestmark = pytest.mark.gpu

@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autogen import pretuned
-from autogen.dispatch import Dispatcher, make_call
+from autogen.catalog import pretuned
+from autogen.runtime.dispatch import Dispatcher, make_call
 from autogen.errors import CaptureError
-from autogen.family import Family, all_families
+from autogen.core.family import Family
+from autogen.core.registry import all_families
 
 pytestmark = pytest.mark.gpu
 
@@ -34,7 +35,7 @@ def cupy():
 
 @pytest.fixture
 def fresh_dispatcher(db_url, monkeypatch):
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()

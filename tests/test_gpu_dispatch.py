@@ -9,8 +9,8 @@ from dbfixtures import store_winner
 from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity
 
-from autogen import pretuned
-from autogen.dispatch import Dispatcher
+from autogen.catalog import pretuned
+from autogen.runtime.dispatch import Dispatcher
 from autogen.errors import ArgumentError, NotTunedError
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +24,7 @@ def cupy():
 
 @pytest.fixture
 def device():
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
     return device_identity()
 
 
@@ -82,13 +82,13 @@ def test_exact_nearest_arch_and_default(cupy, device, dispatcher, db_url):
 
 
 def dispatcher_problem(m, n):
-    from autogen.family import get_family
+    from autogen.core.registry import get_family
     return get_family("sgemv").problem(m=m, n=n)
 
 
 def test_public_api_alpha_beta_and_cache_hit(cupy, dispatcher, monkeypatch):
     import autogen
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
     A, x = operands(cupy, 300, 77)
@@ -104,7 +104,7 @@ def test_public_api_alpha_beta_and_cache_hit(cupy, dispatcher, monkeypatch):
 def test_pytorch_tensors_and_streams(cupy, dispatcher, monkeypatch):
     torch = pytest.importorskip("torch")
     import autogen
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
     A = torch.rand(513, 129, device="cuda") - 0.5
@@ -132,7 +132,7 @@ def test_pytorch_tensors_and_streams(cupy, dispatcher, monkeypatch):
 ])
 def test_bad_operands_name_the_argument(cupy, dispatcher, monkeypatch, make, fragment):
     import autogen
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
     with pytest.raises(ArgumentError, match=fragment):
@@ -141,7 +141,7 @@ def test_bad_operands_name_the_argument(cupy, dispatcher, monkeypatch, make, fra
 
 def test_beta_without_y_and_wrong_y(cupy, dispatcher, monkeypatch):
     import autogen
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
     A, x = operands(cupy, 8, 4)
@@ -155,7 +155,7 @@ def test_operand_on_another_gpu(cupy, dispatcher, monkeypatch):
     if cupy.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("one GPU: nothing to mismatch")
     import autogen
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
     with cupy.cuda.Device(1):
@@ -167,7 +167,7 @@ def test_operand_on_another_gpu(cupy, dispatcher, monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_reduce_sum_and_softmax_from_python(cupy, dispatcher, monkeypatch, dtype):
     import autogen
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
     rng = cupy.random.default_rng()
@@ -193,7 +193,7 @@ def test_reduce_sum_and_softmax_from_python(cupy, dispatcher, monkeypatch, dtype
 def test_softmax_on_torch_tensors(cupy, dispatcher, monkeypatch):
     torch = pytest.importorskip("torch")
     import autogen
-    import autogen.dispatch as dispatch
+    import autogen.runtime.dispatch as dispatch
 
     monkeypatch.setattr(dispatch, "_default_dispatcher", dispatcher)
     x = torch.randn(64, 300, device="cuda", dtype=torch.float16)

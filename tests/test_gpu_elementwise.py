@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from autogen.compile import compile_many
-from autogen.family import get_family
-from autogen.render import render
+from autogen.gpu.compile import compile_many
+from autogen.core.registry import get_family
+from autogen.core.render import render
 
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +26,7 @@ LARGE = {"gelu": {"n": 2**20 + 3}, "bias_mask_scale_add": {"n": 2**20 + 4096, "b
 @pytest.fixture(scope="module")
 def all_cubins():
     """{(family, dtype): {kernel name: (config, cubin or CompileError)}}, compiled in one pool."""
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
 
     configs, sources = {}, {}
     for family_name in ("gelu", "bias_mask_scale_add"):
@@ -54,7 +54,7 @@ def test_every_variant_compiles_with_nvrtc(all_cubins):
 
 
 def _validate(all_cubins, family_name, dtype, dims, every=1, where=lambda config: True):
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family(family_name)
     evaluator = Evaluator(WorkSpec(family_name, dtype, tuple(dims.items()), family.module))
@@ -109,9 +109,9 @@ def test_every_bulk_variant_validates_over_many_chunks(all_cubins, family_name, 
 
 
 def _broken_check(family_name, dtype, dims, params, old, new):
-    from autogen.compile import compile_cubin
-    from autogen.gpu import device_identity
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.gpu.device import device_identity
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family(family_name)
     config = family.space.check({**family.default_params, **params})
@@ -155,7 +155,8 @@ def test_validation_catches_a_bulk_chunk_without_its_offset():
 def _replayed_peer_error(family, problem):
     import cupy
 
-    from autogen.measure import relative_error, time_enqueue
+    from autogen.core.compare import relative_error
+    from autogen.gpu.measure import time_enqueue
 
     peer = family.peer(problem)
     if peer is None:
@@ -254,8 +255,8 @@ def test_autogen_bias_mask_scale_add_with_cupy_and_torch():
 
 
 def _export_selftest(tmp_path, db_url, family_name, problems):
-    from autogen.cli import main
-    from autogen.tuner import TuneOptions, tune
+    from autogen.cli.main import main
+    from autogen.search.tuner import TuneOptions, tune
 
     if shutil.which("nvcc") is None or shutil.which("make") is None:
         pytest.skip("needs nvcc and make on PATH")

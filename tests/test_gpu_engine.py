@@ -18,8 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_faulting_and_hanging_variants_do_not_end_the_run(db_url, capsys):
     import fault_family  # noqa: F401  (registers faulty_double here; the worker imports it too)
-    from autogen.family import get_family
-    from autogen.tuner import TuneOptions, tune
+    from autogen.core.registry import get_family
+    from autogen.search.tuner import TuneOptions, tune
 
     problem = get_family("fault_family.faulty_double").problem(n=100000)
     result = tune(problem, TuneOptions(trials=3, sampler="exhaustive", db_url=db_url, workers=2,
@@ -73,7 +73,7 @@ def test_kill_9_loses_at_most_the_trial_in_flight_and_the_same_command_resumes(t
 
 
 def test_a_shape_too_large_for_gpu_memory_is_a_usage_error(db_url, capsys):
-    from autogen.cli import main
+    from autogen.cli.main import main
 
     assert main(["tune", "sgemv", "--m", "2000000000", "--n", "100000", "--db", db_url, "--workers", "1"]) == 2
     err = capsys.readouterr().err

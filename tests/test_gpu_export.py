@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from autogen.cli import main
-from autogen.family import get_family
+from autogen.cli.main import main
+from autogen.core.registry import get_family
 
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +26,7 @@ def agrees(measured_us: float, stored_us: float) -> bool:
 
 
 def test_exported_selftest_passes_and_times_match_the_database(tmp_path, db_url):
-    from autogen.tuner import TuneOptions, tune
+    from autogen.search.tuner import TuneOptions, tune
 
     if shutil.which("nvcc") is None or shutil.which("make") is None:
         pytest.skip("needs nvcc and make on PATH")

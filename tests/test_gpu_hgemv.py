@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from autogen.compile import compile_many
-from autogen.family import get_family
-from autogen.render import render
+from autogen.gpu.compile import compile_many
+from autogen.core.registry import get_family
+from autogen.core.render import render
 
 pytestmark = pytest.mark.gpu
 
@@ -61,7 +61,7 @@ def sample_configs() -> list:
 
 @pytest.fixture(scope="module")
 def cubins():
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
 
     sources = {(dtype, c): render(FAMILY, dtype, c) for dtype in DTYPES for c in sample_configs()}
     names = {FAMILY.kernel_name(dtype, c): (dtype, c) for dtype, c in sources}
@@ -84,7 +84,7 @@ def test_sample_compiles_with_nvrtc(cubins):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,batch", SHAPES)
 def test_sampled_variants_validate(cubins, dtype, m, n, batch):
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     evaluator = Evaluator(WorkSpec.of(FAMILY.problem(dtype, m=m, n=n, batch=batch)))
     failures = []
@@ -105,7 +105,7 @@ def test_misaligned_operands_take_the_scalar_paths(cubins, dtype, batch):
     unchecked loop must not run either)."""
     import cupy
 
-    from autogen.measure import validate
+    from autogen.gpu.measure import validate
 
     problem = FAMILY.problem(dtype, m=67, n=264, batch=batch)
     failures = []
@@ -138,9 +138,9 @@ def test_validation_catches_half_precision_accumulation():
     validation, and the large case alone catches it with inf."""
     import cupy
 
-    from autogen.compile import compile_cubin
-    from autogen.gpu import device_identity
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.gpu.device import device_identity
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     config = FAMILY.default_config()
     name = FAMILY.kernel_name("float16", config)
@@ -169,7 +169,7 @@ def test_validation_catches_half_precision_accumulation():
 def test_torch_peer_is_right_inside_graph_capture(dtype, batch):
     import cupy
 
-    from autogen.measure import time_enqueue
+    from autogen.gpu.measure import time_enqueue
 
     problem = FAMILY.problem(dtype, m=1000, n=4104, batch=batch)
     peer = FAMILY.peer(problem)
@@ -185,8 +185,8 @@ def test_torch_peer_is_right_inside_graph_capture(dtype, batch):
 
 @pytest.fixture
 def dispatcher(db_url, monkeypatch):
-    from autogen import dispatch
-    from autogen.dispatch import Dispatcher
+    from autogen.runtime import dispatch
+    from autogen.runtime.dispatch import Dispatcher
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     served = Dispatcher(db_url)
@@ -200,7 +200,7 @@ def test_autogen_hgemv_with_cupy_and_torch(dispatcher, dtype):
     import numpy as np
 
     import autogen
-    from autogen.dtypes import to_float64, to_storage
+    from autogen.core.dtypes import to_float64, to_storage
 
     rng = np.random.default_rng(5)
     for batch in (1, 3, 8):
@@ -257,8 +257,8 @@ def test_bad_operands_name_the_argument(dispatcher):
 
 
 def test_short_tune_export_and_selftest(db_url, tmp_path):
-    from autogen.cli import main
-    from autogen.tuner import TuneOptions, tune
+    from autogen.cli.main import main
+    from autogen.search.tuner import TuneOptions, tune
 
     for dtype, batch in (("float16", 1), ("bfloat16", 4)):
         result = tune(FAMILY.problem(dtype, m=1000, n=4104, batch=batch), TuneOptions(trials=6, db_url=db_url, workers=8))
@@ -282,7 +282,7 @@ def test_pdl_call_is_bit_identical_to_the_plain_one(dtype, m, n, batch):
     import cupy
 
     import autogen
-    from autogen.dtypes import DTYPES as TABLE, to_storage
+    from autogen.core.dtypes import DTYPES as TABLE, to_storage
 
     rng = _rng()
     A = to_storage(cupy, rng.random((m, n), dtype=cupy.float32) - 0.5, dtype)

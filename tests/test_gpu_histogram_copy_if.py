@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autogen.compile import compile_many
-from autogen.family import get_family
-from autogen.render import render
+from autogen.gpu.compile import compile_many
+from autogen.core.registry import get_family
+from autogen.core.render import render
 from nvcc_tools import extreme_configs
 
 pytestmark = pytest.mark.gpu
@@ -40,7 +40,7 @@ def _sample(family) -> list:
 @pytest.fixture(scope="module")
 def cubins():
     """{(family, dtype): [(config, kernel name, cubin)]}, compiled in one pool."""
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
 
     chosen, sources = {}, {}
     for name in ("histogram", "copy_if"):
@@ -62,7 +62,7 @@ def _rng():
 
 
 def _check_all(cubins, name, dtype, dims, keep=lambda config: True):
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     evaluator = Evaluator(WorkSpec(name, dtype, tuple(dims.items())))
     failures = []
@@ -117,8 +117,8 @@ def test_misaligned_inputs_and_repeated_launches():
     # same buffers (as in a replayed graph), the init steps must reset the workspace each time.
     import cupy
 
-    from autogen.compile import compile_cubin
-    from autogen.gpu import device_identity
+    from autogen.gpu.compile import compile_cubin
+    from autogen.gpu.device import device_identity
 
     arch = device_identity().arch
     hist = get_family("histogram")
@@ -192,7 +192,7 @@ def test_python_calls_with_cupy_and_torch():
 def test_histogram_peer_inside_graph_capture():
     import cupy
 
-    from autogen.measure import time_enqueue
+    from autogen.gpu.measure import time_enqueue
 
     family = get_family("histogram")
     problem = family.problem(n=2**20 + 3, bins=4096)
@@ -209,7 +209,7 @@ def test_histogram_peer_inside_graph_capture():
 def cub_library(tmp_path_factory):
     """The benchmark's CUB peers built with nvcc for this GPU, named in AUTOGEN_CUB_PEERS."""
     from autogen.families import cub_peers
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH")
@@ -237,7 +237,7 @@ def cub_library(tmp_path_factory):
 def test_cub_peers_inside_graph_capture(cub_library, family_name, dtype, dims):
     import cupy
 
-    from autogen.measure import time_enqueue
+    from autogen.gpu.measure import time_enqueue
 
     family = get_family(family_name)
     problem = family.problem(dtype, **dims)
@@ -257,9 +257,9 @@ def test_cub_peers_inside_graph_capture(cub_library, family_name, dtype, dims):
 def test_short_tune_stores_a_winner_that_validates(db_url, family_name, dtype, dims):
     from tuning_db import TuningDB
 
-    from autogen.compile import compile_cubin
-    from autogen.tuner import TuneOptions, tune
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.search.tuner import TuneOptions, tune
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family(family_name)
     problem = family.problem(dtype, **dims)
@@ -289,7 +289,7 @@ def test_export_selftest_builds_and_passes(tmp_path, family_name):
                  "float32": [((2**20,), {**family.default_params, "mode": "block"})]}
     out = tmp_path / "export"
     export_with_defaults(family_name, out, tuned)
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
     build = subprocess.run(["make", "-C", str(out), f"ARCH={device_identity().arch}", "selftest"],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]

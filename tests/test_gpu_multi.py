@@ -10,8 +10,8 @@ pytestmark = pytest.mark.gpu
 
 
 def test_gpus_all_tunes_8_sgemv_shapes(tmp_path, capsys):
-    from autogen.cli import main
-    from autogen.gpu import require_cupy
+    from autogen.cli.main import main
+    from autogen.gpu.device import require_cupy
     from tuning_db import TuningDB
 
     cupy = require_cupy()

@@ -7,10 +7,10 @@ import secrets
 
 import pytest
 
-from autogen.compile import compile_many
-from autogen.family import get_family
-from autogen.measure import rounding_error
-from autogen.render import render
+from autogen.gpu.compile import compile_many
+from autogen.core.registry import get_family
+from autogen.core.compare import rounding_error
+from autogen.core.render import render
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +22,7 @@ DTYPES = ["float32", "float16"]
 @pytest.fixture(scope="module")
 def all_cubins():
     """{(family, dtype): {kernel name: (config, cubin or CompileError)}}, compiled in one pool."""
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
 
     configs, sources = {}, {}
     for family_name in ("reduce", "softmax"):
@@ -49,7 +49,7 @@ def test_every_variant_compiles_with_nvrtc(all_cubins):
 
 
 def _validate_all(all_cubins, family_name, dtype, dims):
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family(family_name)
     evaluator = Evaluator(WorkSpec(family_name, dtype, tuple(dims.items())))
@@ -100,7 +100,7 @@ def test_last_block_variants_leave_the_counter_ready_for_the_next_launch(all_cub
     # again on the same inputs, which only works if the last block resets its ticket counter.
     import cupy
 
-    from autogen.measure import relative_error
+    from autogen.core.compare import relative_error
 
     family = get_family("reduce")
     problem = family.problem(dtype, n=2**20 + 3)
@@ -120,9 +120,9 @@ def test_last_block_variants_leave_the_counter_ready_for_the_next_launch(all_cub
 def test_validation_catches_a_dropped_tail_element_at_large_n():
     # At n = 2^20 + 3 one missing element of uniform [0, 1) data is a 1e-6 error, under the
     # tolerance; the heavy-edges case must still catch it.
-    from autogen.compile import compile_cubin
-    from autogen.gpu import device_identity
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.gpu.device import device_identity
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family("reduce")
     config = family.space.check({**family.default_params, "vector_width": 4})
@@ -140,9 +140,9 @@ def test_validation_catches_a_dropped_tail_element_at_large_n():
 def test_validation_catches_a_softmax_that_ignores_minus_infinity_rows():
     # A kernel that guards the all -inf row (subtracting 0 instead of -inf and dividing by 1
     # instead of 0) writes zeros there instead of NaN; validation must refuse it.
-    from autogen.compile import compile_cubin
-    from autogen.gpu import device_identity
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.gpu.device import device_identity
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family("softmax")
     config = family.space.check({**family.default_params, "row_cache": "global", "unroll": 4})
@@ -160,7 +160,8 @@ def _replayed_peer(family, problem, case):
     """Run the family's peer inside a captured CUDA graph (as the tuner times it); its output."""
     import cupy
 
-    from autogen.measure import relative_error, time_enqueue
+    from autogen.core.compare import relative_error
+    from autogen.gpu.measure import time_enqueue
 
     peer = family.peer(problem)
     if peer is None:
@@ -205,9 +206,9 @@ def _torch_available() -> bool:
 def test_short_tune_stores_a_winner_that_validates(db_url, family_name, dtype, dims):
     from tuning_db import TuningDB
 
-    from autogen.compile import compile_cubin
-    from autogen.tuner import TuneOptions, tune
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.search.tuner import TuneOptions, tune
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family(family_name)
     problem = family.problem(dtype, **dims)
@@ -227,13 +228,13 @@ def test_vocabulary_softmax_fp16_tunes_and_a_nearby_shape_is_served(db_url, monk
     # Issue 33: every variant of 32 x 128256 fp16 failed "relative L2 error 0.00212 > 0.001", the
     # float64 answer correctly rounded to fp16 (probabilities near 1/128256 are fp16 subnormals),
     # and the dispatcher had nothing to serve at 3 x 100003. Half outputs are now allowed the
-    # error of the rounded reference on top of the tolerance (autogen.measure.judge).
+    # error of the rounded reference on top of the tolerance (autogen.core.compare.judge).
     import cupy
     from tuning_db import TuningDB
 
-    from autogen import pretuned
-    from autogen.dispatch import Dispatcher
-    from autogen.tuner import TuneOptions, tune
+    from autogen.catalog import pretuned
+    from autogen.runtime.dispatch import Dispatcher
+    from autogen.search.tuner import TuneOptions, tune
 
     family = get_family("softmax")
     problem = family.problem("float16", rows=32, cols=128256)

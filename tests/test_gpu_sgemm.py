@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from autogen.compile import compile_many
-from autogen.family import get_family
-from autogen.render import render
+from autogen.gpu.compile import compile_many
+from autogen.core.registry import get_family
+from autogen.core.render import render
 
 pytestmark = pytest.mark.gpu
 
@@ -49,7 +49,7 @@ def sample_configs() -> dict:
 
 @pytest.fixture(scope="module")
 def all_cubins():
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
 
     configs = sample_configs()
     sources = {name: render(FAMILY, "float32", c) for name, c in configs.items()}
@@ -66,7 +66,7 @@ def test_sampled_variants_compile_with_nvrtc(all_cubins):
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_sampled_variants_validate(all_cubins, m, n, k):
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     configs, cubins = all_cubins
     evaluator = Evaluator(WorkSpec("sgemm", "float32", (("m", m), ("n", n), ("k", k))))
@@ -95,7 +95,7 @@ def _misaligned_inputs(cupy, m, n, k, beta):
 def test_vector_variants_fall_back_on_misaligned_operands(all_cubins, beta):
     import cupy
 
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     configs, cubins = all_cubins
     m, n, k = 68, 72, 76  # multiples of 4: only the pointers are misaligned
@@ -117,9 +117,9 @@ def test_vector_variants_fall_back_on_misaligned_operands(all_cubins, beta):
 
 
 def test_validation_catches_a_kernel_that_skips_the_last_row():
-    from autogen.compile import compile_cubin
-    from autogen.gpu import device_identity
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.gpu.device import device_identity
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     config = FAMILY.default_config()
     name = FAMILY.kernel_name("float32", config)
@@ -176,7 +176,8 @@ def test_dispatch_with_torch_operands():
 def test_peer_is_correct_inside_graph_capture():
     import cupy
 
-    from autogen.measure import relative_error, time_enqueue
+    from autogen.core.compare import relative_error
+    from autogen.gpu.measure import time_enqueue
 
     problem = FAMILY.problem(m=64, n=64, k=65536)
     rng = cupy.random.default_rng(3)
@@ -204,9 +205,9 @@ def test_peer_is_correct_inside_graph_capture():
 def test_short_tune_stores_a_winner_that_validates(db_url):
     from tuning_db import TuningDB
 
-    from autogen.compile import compile_cubin
-    from autogen.tuner import TuneOptions, tune
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.search.tuner import TuneOptions, tune
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     problem = FAMILY.problem(m=1000, n=1000, k=1000)
     result = tune(problem, TuneOptions(trials=8, db_url=db_url, workers=8))
@@ -220,8 +221,8 @@ def test_short_tune_stores_a_winner_that_validates(db_url):
 
 
 def test_exported_selftest_passes(tmp_path, db_url):
-    from autogen.cli import main
-    from autogen.gpu import device_identity
+    from autogen.cli.main import main
+    from autogen.gpu.device import device_identity
     from tuning_db import TuningDB
 
     if shutil.which("nvcc") is None or shutil.which("make") is None:

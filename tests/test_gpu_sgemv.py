@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from autogen.compile import compile_many
-from autogen.family import get_family
-from autogen.render import render
+from autogen.gpu.compile import compile_many
+from autogen.core.registry import get_family
+from autogen.core.render import render
 
 pytestmark = pytest.mark.gpu
 
@@ -16,7 +16,7 @@ SHAPES = [(16384, 16), (1000, 37), (3, 5), (1, 1)]
 
 @pytest.fixture(scope="module")
 def all_cubins():
-    from autogen.gpu import device_identity
+    from autogen.gpu.device import device_identity
 
     family = get_family("sgemv")
     configs = {family.kernel_name("float32", c): c for c in family.space.enumerate()}
@@ -34,7 +34,7 @@ def test_every_variant_compiles_with_nvrtc(all_cubins):
 
 @pytest.mark.parametrize("m,n", SHAPES)
 def test_every_variant_validates(all_cubins, m, n):
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     configs, cubins = all_cubins
     evaluator = Evaluator(WorkSpec("sgemv", "float32", (("m", m), ("n", n))))
@@ -48,9 +48,9 @@ def test_every_variant_validates(all_cubins, m, n):
 
 def test_validation_catches_a_wrong_kernel():
     # A kernel that skips the last row must fail validation (the poisoned output shows it).
-    from autogen.compile import compile_cubin
-    from autogen.gpu import device_identity
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.gpu.device import device_identity
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     config = family.default_config()
@@ -65,9 +65,9 @@ def test_validation_catches_a_wrong_kernel():
 def test_short_tune_stores_a_winner_that_validates(db_url):
     from tuning_db import TuningDB
 
-    from autogen.compile import compile_cubin
-    from autogen.tuner import TuneOptions, tune
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_cubin
+    from autogen.search.tuner import TuneOptions, tune
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     problem = family.problem(m=4099, n=70)

@@ -32,10 +32,10 @@ def test_tune_validate_dispatch_and_export_a_user_family(tmp_path, db_url, monke
     import cupy
 
     import autogen
-    from autogen.compile import compile_many
-    from autogen.family import get_family
-    from autogen.render import render
-    from autogen.worker import Evaluator, WorkSpec
+    from autogen.gpu.compile import compile_many
+    from autogen.core.registry import get_family
+    from autogen.core.render import render
+    from autogen.gpu.worker import Evaluator, WorkSpec
 
     axpy = get_family("mykernels.axpy")
     done = cli("tune", "mykernels.axpy", "--n", "1000003", "--sampler", "exhaustive", "--trials", "100", "--json",
@@ -59,7 +59,7 @@ def test_tune_validate_dispatch_and_export_a_user_family(tmp_path, db_url, monke
 
     # The dispatcher serves the tuned kernel, and the nearest one for an untuned length.
     monkeypatch.setenv("AUTOGEN_DB", db_url)
-    from autogen import dispatch
+    from autogen.runtime import dispatch
     monkeypatch.setattr(dispatch, "_default_dispatcher", None)
     x = cupy.random.random(1000003, dtype=cupy.float32)
     y = cupy.random.random(1000003, dtype=cupy.float32)

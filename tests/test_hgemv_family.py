@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autogen.dtypes import to_float64, to_storage
+from autogen.core.dtypes import to_float64, to_storage
 from autogen.errors import ArgumentError, InvalidConfigError, UsageError
-from autogen.export import entry_symbol
-from autogen.family import get_family
+from autogen.export.writer import entry_symbol
+from autogen.core.registry import get_family
 from autogen.families.hgemv import GUARD, SMALLEST_NORMAL, TOLERANCES, _rank, batch_tile_for
-from autogen.render import render
+from autogen.core.render import render
 from family_checks import held
 
 FAMILY = get_family("hgemv")
@@ -323,9 +323,9 @@ def test_tolerance_passes_the_rounded_reference_and_catches_real_bugs(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_validation_allows_the_rounding_of_y_to_its_type_on_top(dtype):
-    # The shared rule (autogen.measure.judge): past the tolerance, y may be off by what the
+    # The shared rule (autogen.core.compare.judge): past the tolerance, y may be off by what the
     # float64 reference loses when rounded to y's type, measured against hgemv's own magnitude.
-    from autogen.measure import judge, relative_error
+    from autogen.core.compare import judge, relative_error
 
     problem = FAMILY.problem(dtype, m=300, n=64, batch=2)
     inputs = FAMILY.make_inputs(problem, np, np.random.default_rng(4), FAMILY.validation_cases(problem)[0])
@@ -735,7 +735,7 @@ PDL_CONFIGS = [config(), config(x_path="smem", batch_tile=4, unroll=1),
 
 @pytest.mark.parametrize("index", range(len(PDL_CONFIGS)))
 def test_pdl_variant_waits_after_the_first_weights_and_before_x(index):
-    from autogen.render import PDL_SUFFIX
+    from autogen.core.render import PDL_SUFFIX
     c = PDL_CONFIGS[index]
     plain, pdl = render(FAMILY, "float16", c), render(FAMILY, "float16", c, pdl=True)
     assert "griddepcontrol" not in plain and "pdl" not in plain
@@ -785,7 +785,7 @@ def test_default_config_per_shape():
 def test_warm_start_gives_other_batches_winners_this_batch_tile():
     from types import SimpleNamespace
 
-    from autogen import warmstart
+    from autogen.search import warmstart
 
     def winner(shape_key, **params):
         trial = SimpleNamespace(family="hgemv", dtype="float16", shape_key=shape_key,
@@ -809,7 +809,7 @@ def test_warm_start_gives_other_batches_winners_this_batch_tile():
 def test_warm_start_tries_this_shape_in_the_sibling_dtype_first():
     from types import SimpleNamespace
 
-    from autogen import warmstart
+    from autogen.search import warmstart
 
     def winner(dtype, shape_key, **params):
         trial = SimpleNamespace(family="hgemv", dtype=dtype, shape_key=shape_key,

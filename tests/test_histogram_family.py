@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autogen.core.problem import shape_distance
 from autogen.errors import ArgumentError, UsageError
 from autogen.families.histogram import (HOT_BINS, POISON, SHARED_LIMIT_BYTES, exact_counts, histogram_values)
-from autogen.family import get_family
-from autogen.problem import Problem
+from autogen.core.registry import get_family
+from autogen.core.problem import Problem
 
 FAMILY = get_family("histogram")
 
@@ -45,7 +46,7 @@ def test_problem_traits_and_key():
     with pytest.raises(UsageError):
         FAMILY.problem("float32", n=10, bins=3)
     # A kernel tuned on skewed data is no neighbour of a uniform problem (dispatcher, warm start).
-    assert math.isinf(FAMILY.distance(problem, FAMILY.problem(n=2**28, bins=256)))
+    assert math.isinf(shape_distance(problem, FAMILY.problem(n=2**28, bins=256)))
 
 
 def test_shared_memory_fits_or_falls_back_to_global():
@@ -197,8 +198,16 @@ def export_with_defaults(family_name: str, out: Path, tuned: dict | None = None)
     gets its entry point with the default variant, or the variants of `tuned` ({dtype: [(sizes,
     params)]}, keyed by sizes only). Until `autogen export` takes families with traits (the
     database key holds them), this is how the hooks are rendered."""
-    from autogen.export import (EntryPoint, ExportModel, TunedShape, _variant, c_arg_names, entry_symbol,
-                                render_files, write_files)
+    from autogen.export.writer import (
+        EntryPoint,
+        ExportModel,
+        TunedShape,
+        _variant,
+        c_arg_names,
+        entry_symbol,
+        render_files,
+        write_files,
+    )
     from test_export import H100
 
     family = get_family(family_name)

@@ -1,4 +1,4 @@
-"""autogen.launch on the CPU: the ctypes structs match cuda.h, arguments convert to their C
+"""autogen.gpu.launch on the CPU: the ctypes structs match cuda.h, arguments convert to their C
 types, and the sgemv template's PDL variant compiles (griddepcontrol on sm_90 only)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autogen import launch
-from autogen.family import get_family
-from autogen.render import PDL_SUFFIX, render
+from autogen.gpu import launch
+from autogen.core.registry import get_family
+from autogen.core.render import PDL_SUFFIX, render
 from nvcc_tools import nvcc_compile
 
 CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from autogen.family import get_family
-from autogen.measure import Timing, relative_error, validate
+from autogen.core.registry import get_family
+from autogen.gpu.measure import Timing, validate
+from autogen.core.compare import relative_error
 from family_checks import judged_with_output
 
 SGEMV = get_family("sgemv")
@@ -69,7 +70,7 @@ def test_timing_sets_wait_for_their_generation_before_any_timing():
     # The timing graphs replay on non-blocking streams: the sets' kernels must be done first.
     from types import SimpleNamespace
 
-    from autogen.measure import timing_sets
+    from autogen.gpu.measure import timing_sets
 
     events = []
     stream = SimpleNamespace(synchronize=lambda: events.append("synchronize"))
@@ -85,7 +86,7 @@ def test_timing_sets_rotate_cold_inputs_and_recycle_a_few_results():
     # results cycle through RECYCLED_RESULTS buffers.
     from types import SimpleNamespace
 
-    from autogen.measure import RECYCLED_RESULTS, timing_sets
+    from autogen.gpu.measure import RECYCLED_RESULTS, timing_sets
 
     family = SimpleNamespace(timing_case=lambda problem: {}, bytes_moved=lambda problem, case: 100, outputs=("y",),
                              make_inputs=lambda problem, xp, rng, case: {"x": object(), "y": object(), "n": 7})
@@ -128,7 +129,7 @@ def _device_sgemv(launched: list, **faults):
 
 
 def test_a_small_problem_is_checked_on_the_host_with_no_array_math_on_the_device():
-    from autogen.measure import checks_on_host
+    from autogen.gpu.measure import checks_on_host
 
     problem = SGEMV.problem(m=100, n=37)
     assert checks_on_host(SGEMV, problem)
@@ -148,7 +149,7 @@ def test_the_host_check_still_catches_an_unwritten_output():
 
 
 def test_large_or_heavy_problems_and_families_that_opt_out_are_checked_on_the_gpu():
-    from autogen.measure import checks_on_host
+    from autogen.gpu.measure import checks_on_host
 
     assert not checks_on_host(SGEMV, SGEMV.problem(m=16384, n=1024))  # 64 MiB of A
     sgemm = get_family("sgemm")
@@ -158,7 +159,7 @@ def test_large_or_heavy_problems_and_families_that_opt_out_are_checked_on_the_gp
 
 
 def test_timing_sets_of_a_small_problem_are_one_host_set_uploaded_to_each_buffer():
-    from autogen.measure import timing_sets
+    from autogen.gpu.measure import timing_sets
 
     device = _UploadsOnly()
     problem = SGEMV.problem(m=100, n=37)
@@ -173,7 +174,7 @@ def test_timing_sets_of_a_small_problem_are_one_host_set_uploaded_to_each_buffer
 
 
 def test_rounding_error_is_the_error_of_the_correctly_rounded_reference():
-    from autogen.measure import rounding_error
+    from autogen.core.compare import rounding_error
 
     rng = np.random.default_rng(7)
     ref = rng.uniform(4e-6, 1.3e-5, 50_000)  # fp16 subnormals: a fixed spacing of 2^-24
@@ -242,7 +243,7 @@ def test_fp32_outputs_keep_the_tolerance_alone():
 def test_nan_never_passes_whatever_the_family_compare_says():
     from types import SimpleNamespace
 
-    from autogen.measure import judge
+    from autogen.core.compare import judge
 
     family = SimpleNamespace(compare=lambda *args: (math.nan, ""), tolerance_for=lambda problem: 1.0,
                              representable_error=lambda *args: math.inf)

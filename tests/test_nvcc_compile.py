@@ -3,11 +3,11 @@ architectures we target, with no warnings, no spills and no local-memory stack f
 
 import pytest
 
-from autogen.family import all_families
+from autogen.core.registry import all_families
 
 FAMILIES = all_families()
-from autogen.render import render
-from autogen.resources import parse_ptxas_report
+from autogen.core.render import render
+from autogen.gpu.resources import parse_ptxas_report
 from nvcc_tools import ARCHS, extreme_configs, nvcc_compile
 
 

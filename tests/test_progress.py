@@ -1,4 +1,4 @@
-"""A tune's progress: bars on a terminal, the plain line log elsewhere (autogen.progress), on the
+"""A tune's progress: bars on a terminal, the plain line log elsewhere (autogen.search.progress), on the
 replayed H100 recording (no GPU)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from tuning_db import TuningDB
 
-from autogen.family import get_family
-from autogen.progress import ProgressOutput, TrialDone
+from autogen.core.registry import get_family
+from autogen.search.progress import ProgressOutput, TrialDone
 from autogen.testing.replay import ReplayBackend, load
-from autogen.tuner import TuneOptions, Tuner
+from autogen.search.tuner import TuneOptions, Tuner
 
 ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
 PROBLEM = get_family("sgemv").problem(m=8192, n=16)
@@ -97,19 +97,19 @@ def test_a_trial_event_is_its_line_and_crosses_processes():
 
 
 def test_the_cli_shows_bars_only_without_json(monkeypatch):
-    from autogen import commands
+    from autogen.cli import commands
     seen = []
 
     def fake_tune_problems(problems, options, progress, on_result=None):
         seen.append(progress.bars)
         raise KeyboardInterrupt  # nothing to tune here: only the progress output is checked
 
-    import autogen.distributed
-    monkeypatch.setattr(autogen.distributed, "tune_problems", fake_tune_problems)
-    monkeypatch.setattr("autogen.gpu.require_gpu", lambda: None)
+    import autogen.distributed.multi_gpu
+    monkeypatch.setattr(autogen.distributed.multi_gpu, "tune_problems", fake_tune_problems)
+    monkeypatch.setattr("autogen.gpu.device.require_gpu", lambda: None)
     monkeypatch.setenv("AUTOGEN_NO_PRESTART", "1")
     monkeypatch.setattr("sys.stderr", Terminal())
-    from autogen.cli import main
+    from autogen.cli.main import main
     assert main(["tune", "sgemv", "--m", "64", "--n", "16", "--json"]) == 130
     assert main(["tune", "sgemv", "--m", "64", "--n", "16"]) == 130
     assert seen == [False, True]

@@ -23,11 +23,12 @@ import sqlalchemy as sa
 from dbfixtures import H100, store_winner
 from tuning_db import CorruptDatabaseError, DatabaseError, TuningDB, current_revision, migrations, upgrade
 
-from autogen import compile as compile_module
-from autogen import notes, pretuned
-from autogen.cli import main
-from autogen.dispatch import Dispatcher
-from autogen.family import get_family
+from autogen.gpu import compile as compile_module
+from autogen import notes
+from autogen.catalog import pretuned
+from autogen.cli.main import main
+from autogen.runtime.dispatch import Dispatcher
+from autogen.core.registry import get_family
 
 SGEMV = get_family("sgemv")
 ASSET_0001 = Path(__file__).parent / "assets" / "tuning_db_rev0001.sql"
@@ -380,8 +381,8 @@ def test_compiled_kernels_are_kept_in_memory_when_the_cache_cannot_be_written(un
 
 
 def test_validations_the_database_cannot_take_are_kept_in_memory(tmp_path, monkeypatch, capsys):
-    import autogen.dispatch as dispatch
-    import autogen.measure
+    import autogen.runtime.dispatch as dispatch
+    import autogen.gpu.measure
 
     db = tmp_path / "old.db"
     _rev0001(db)  # an older schema: the dispatcher does not migrate it to store a validation
@@ -391,7 +392,7 @@ def test_validations_the_database_cannot_take_are_kept_in_memory(tmp_path, monke
         random=types.SimpleNamespace(default_rng=lambda seed: None))
     monkeypatch.setattr(dispatch, "_CUPY", fake_cupy)
     checks = []
-    monkeypatch.setattr(autogen.measure, "validate", lambda *args: checks.append(1) or types.SimpleNamespace(
+    monkeypatch.setattr(autogen.gpu.measure, "validate", lambda *args: checks.append(1) or types.SimpleNamespace(
         ok=True, error=1e-7, reason=""))
     dispatcher = Dispatcher(f"sqlite:///{db}")
     kernel = types.SimpleNamespace(name="k", provenance={"source_hash": "h"}, launch=lambda inputs: None)

@@ -7,13 +7,13 @@ import pytest
 from conftest import nvrtc_usable
 from family_checks import held
 
-from autogen.compile import compile_cubin
+from autogen.gpu.compile import compile_cubin
 from autogen.errors import GpuUnavailableError, UsageError
-from autogen.family import get_family
+from autogen.core.registry import get_family
 from autogen.families.reduce import HEAVY_EDGE
-from autogen.gpu import resident_capacity
-from autogen.peers import ReplayArena
-from autogen.render import render
+from autogen.gpu.device import resident_capacity
+from autogen.gpu.peers import ReplayArena
+from autogen.core.render import render
 
 FAMILY = get_family("reduce")
 CONFIGS = list(FAMILY.space.enumerate())
@@ -61,7 +61,7 @@ def test_grid_is_at_most_one_wave_and_no_larger_than_the_work(n):
 
 
 def test_capacity_falls_back_to_the_h100_without_a_gpu():
-    from autogen.gpu import require_cupy
+    from autogen.gpu.device import require_cupy
     try:
         require_cupy()
     except GpuUnavailableError:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from autogen.cli import main
+from autogen.cli.main import main
 from autogen.errors import CompileError
-from autogen.resources import kernel_resources, parse_ptxas_report
+from autogen.gpu.resources import kernel_resources, parse_ptxas_report
 from nvcc_tools import nvcc_or_skip
 
 # ptxas -v as nvcc 13 prints it for sm_90: a kernel that spills and one without barriers or

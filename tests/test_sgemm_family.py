@@ -14,9 +14,9 @@ import pytest
 from autogen.errors import UsageError
 from autogen.families import sgemm as sgemm_module
 from autogen.families.sgemm import SPACE, geometry, launch_bounds_cap
-from autogen.gpu import sm_count
-from autogen.family import get_family
-from autogen.render import render
+from autogen.gpu.device import sm_count
+from autogen.core.registry import get_family
+from autogen.core.render import render
 from family_checks import held
 
 FAMILY = get_family("sgemm")
@@ -180,7 +180,7 @@ def test_searches_start_from_the_family_seeds_after_the_nearest_winners():
     import importlib.util
     from pathlib import Path
 
-    from autogen import warmstart
+    from autogen.search import warmstart
 
     p = problem(4096, 4096, 4096)
     assert warmstart.seeds(None, None, FAMILY, p, False) == [c.as_dict() for c in FAMILY.seed_configs(p)]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from autogen.errors import UsageError
-from autogen.family import get_family
+from autogen.core.registry import get_family
 
 FAMILY = get_family("sgemv")
 CONFIGS = list(FAMILY.space.enumerate())
@@ -88,7 +88,7 @@ def test_search_prunes_variants_that_overshoot_small_rows():
 def test_matrix_loads_skip_l1_and_x_loads_keep_it(params):
     # A is read once per launch; x is re-read by every row group: only A's loads may bypass L1.
     import re
-    from autogen.render import render
+    from autogen.core.render import render
     config = FAMILY.space.check({**FAMILY.default_params, **params})
     source = render(FAMILY, "float32", config)
     body = source[source.index('extern "C" __global__'):]

@@ -8,11 +8,12 @@ import pytest
 
 from conftest import nvrtc_usable
 
-from autogen.compile import compile_cubin
+from autogen.gpu.compile import compile_cubin
 from autogen.errors import UsageError
-from autogen.family import get_family
-from autogen.measure import relative_error, validate
-from autogen.render import render
+from autogen.core.registry import get_family
+from autogen.core.compare import relative_error
+from autogen.gpu.measure import validate
+from autogen.core.render import render
 
 FAMILY = get_family("softmax")
 CONFIGS = list(FAMILY.space.enumerate())

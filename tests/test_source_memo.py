@@ -1,4 +1,4 @@
-"""autogen.source_memo: the stale check's source hash, remembered under a fingerprint of the
+"""autogen.catalog.source_memo: the stale check's source hash, remembered under a fingerprint of the
 rendering code and templates, is the hash of what render() gives, and any edit renders again."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from autogen import render as render_module
-from autogen import source_memo
-from autogen.family import get_family
+from autogen.core import render as render_module
+from autogen.catalog import source_memo
+from autogen.core.registry import get_family
 
 SGEMV = get_family("sgemv")
 

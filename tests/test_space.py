@@ -1,7 +1,7 @@
 import pytest
 
 from autogen.errors import InvalidConfigError
-from autogen.space import Param, Space
+from autogen.core.space import Param, Space
 
 SPACE = Space(
     params=(Param("width", (1, 2, 4), "w"), Param("mode", ("a", "b"), "m")),

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from tuning_db import TuningDB
 
-from autogen import measure
-from autogen.environment import stale_reasons, winner_source_hash
-from autogen.family import get_family
+from autogen.gpu import measure
+from autogen.catalog.environment import stale_reasons, winner_source_hash
+from autogen.core.registry import get_family
 from autogen.testing.replay import ReplayBackend, load
-from autogen.tuner import TuneOptions, Tuner
+from autogen.search.tuner import TuneOptions, Tuner
 from dbfixtures import H100, store_winner
 
 ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
@@ -120,8 +120,9 @@ def test_a_stale_winner_is_refreshed_then_answered(db_url, recording):
 
 
 def test_list_marks_stale_winners(db_url, capsys, monkeypatch):
-    from autogen import gpu, pretuned
-    from autogen.cli import main
+    from autogen.gpu import device as gpu
+    from autogen.catalog import pretuned
+    from autogen.cli.main import main
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()
@@ -178,7 +179,7 @@ def test_children_start_with_one_blas_thread_and_the_parent_is_unchanged(monkeyp
     import multiprocessing
     import os
 
-    from autogen.worker import child_environment
+    from autogen.gpu.worker import child_environment
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)

@@ -1,5 +1,5 @@
-"""autogen.stack_record: the runtime and NVRTC versions CuPy reported are recalled only while
-nothing that decides which libraries CuPy loads has changed; autogen.gpu.identity_for_lookup
+"""autogen.gpu.stack_record: the runtime and NVRTC versions CuPy reported are recalled only while
+nothing that decides which libraries CuPy loads has changed; autogen.gpu.device.identity_for_lookup
 names the GPU from the driver and that record, or asks CuPy."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from autogen import gpu, stack_record
+from autogen.gpu import device as gpu, stack_record
 from dbfixtures import H100
 
 OLD = 1_600_000_000  # a fixed past modification time, so that any later change shows
@@ -116,7 +116,7 @@ def test_the_loaded_libraries_are_named_by_the_dynamic_linker():
     assert libc and all(os.path.isabs(name) for name in libc), names
 
 
-# -- autogen.gpu.identity_for_lookup ---------------------------------------------------------
+# -- autogen.gpu.device.identity_for_lookup ---------------------------------------------------------
 
 
 def _driver_says(monkeypatch):
@@ -169,7 +169,7 @@ def test_where_the_driver_fails_cupy_names_the_problem(setting, monkeypatch):
         gpu.identity_for_lookup()
 
 
-# -- autogen.gpu.require_gpu: the driver answers where it can, CuPy names any problem ----------
+# -- autogen.gpu.device.require_gpu: the driver answers where it can, CuPy names any problem ----------
 
 
 @pytest.mark.parametrize("cupy_found, driver, asks_cupy", [

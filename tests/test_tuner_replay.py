@@ -13,9 +13,9 @@ import pytest
 from tuning_db import TuningDB
 from tuning_db.records import TrialRecord, WinnerRecord
 
-from autogen.family import get_family
+from autogen.core.registry import get_family
 from autogen.testing.replay import ReplayBackend, load
-from autogen.tuner import TuneOptions, Tuner
+from autogen.search.tuner import TuneOptions, Tuner
 
 ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
 if not ASSET.exists():  # written on the GPU by scripts/search_quality.py, then committed
@@ -29,7 +29,7 @@ PROBLEM = SGEMV.problem(m=8192, n=16)
 def no_shipped_catalog(monkeypatch):
     # These tests follow the search from the default config: the shipped catalog's winners for
     # the recording's GPU would be tried first (test_shipped_winners_seed_a_new_users_search).
-    from autogen import pretuned
+    from autogen.catalog import pretuned
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()
     yield
@@ -154,8 +154,8 @@ def test_no_winner_says_whether_variants_failed_or_none_was_measured(db_url, tmp
 def test_shipped_winners_seed_a_new_users_search(db_url, monkeypatch):
     # A new user's empty database: the catalog's winner for this very shape (and then its
     # nearest shapes) is measured first; a shape the user has tuned hides the catalog's entry.
-    from autogen import pretuned
-    from autogen.warmstart import seeds
+    from autogen.catalog import pretuned
+    from autogen.search.warmstart import seeds
     device = ReplayBackend(RECORDING).device
     shipped_params = {**SGEMV.default_params, "threads_per_row": 4, "vector_width": 1, "unroll": 4}
     near_params = {**SGEMV.default_params, "threads_per_row": 8, "vector_width": 2}
@@ -183,7 +183,7 @@ def test_a_parameter_added_later_keeps_the_stored_trials_and_winner(db_url, monk
     # A new autogen adds a parameter to sgemv (its old behaviour as the default): the trials and
     # the winner stored before keep their kernel names, are resumed rather than measured again,
     # and the new choice is searched under names that say it.
-    from autogen.space import Param, Space
+    from autogen.core.space import Param, Space
     first, _ = run(db_url, trials=20)
     grown = Space(SGEMV.space.params + (Param("probe", ("off", "on"), "pb", added_with_default="off"),),
                   SGEMV.space.constraints)
@@ -206,8 +206,8 @@ def test_a_choice_dropped_later_opens_a_new_study_that_learns_what_still_fits(db
 
     import optuna
 
-    from autogen import studies
-    from autogen.space import Space
+    from autogen.search import studies
+    from autogen.core.space import Space
 
     first, _ = run(db_url, trials=12)
     narrowed = Space(tuple(dataclasses.replace(p, choices=("ldg",)) if p.name == "x_path" else p

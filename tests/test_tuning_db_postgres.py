@@ -71,9 +71,9 @@ def test_dispatcher_chain_reads_postgres(pg_url, monkeypatch):
     from dbfixtures import H100, store_winner
     from tuning_db import TuningDB
 
-    from autogen import pretuned
-    from autogen.dispatch import Dispatcher
-    from autogen.family import get_family
+    from autogen.catalog import pretuned
+    from autogen.runtime.dispatch import Dispatcher
+    from autogen.core.registry import get_family
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()

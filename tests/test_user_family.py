@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from tuning_db import TuningDB
 
-from autogen.cli import main
-from autogen.family import all_families, get_family
-from autogen.render import render
+from autogen.cli.main import main
+from autogen.core.registry import all_families, get_family
+from autogen.core.render import render
 from autogen.testing.replay import RECORDING_FORMAT, ReplayBackend
-from autogen.tuner import TuneOptions, Tuner
-from autogen.worker import WorkSpec
+from autogen.search.tuner import TuneOptions, Tuner
+from autogen.gpu.worker import WorkSpec
 from dbfixtures import H100
 from nvcc_tools import ARCHS, nvcc_compile, nvcc_or_skip
 
@@ -89,8 +89,8 @@ def test_a_replay_backed_tune_stores_results_under_the_namespaced_name(db_url):
 
 
 def test_the_dispatcher_chain_serves_the_tuned_user_kernel(db_url, monkeypatch):
-    from autogen import pretuned
-    from autogen.dispatch import Dispatcher
+    from autogen.catalog import pretuned
+    from autogen.runtime.dispatch import Dispatcher
 
     monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
     pretuned.pretuned_db.cache_clear()

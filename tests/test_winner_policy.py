@@ -246,7 +246,7 @@ def test_the_tuner_reports_the_winner_actually_stored(db_url, monkeypatch):
 
 
 def test_the_retimed_finalists_tie_only_within_the_timing_noise():
-    from autogen.finish import pick_winner
+    from autogen.search.winner import pick_winner
 
     # gelu bf16 2^28 on the H100 (2026-11-26): the evict_last variant 0.6% ahead is no tie; it
     # used to lose to the 128-thread ldg variant's smaller name under a 1% rule.

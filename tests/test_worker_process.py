@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from autogen.worker import IsolatedEvaluator
+from autogen.gpu.worker import IsolatedEvaluator
 from conftest import gpu_unavailable_reason
 
 
@@ -39,8 +39,8 @@ def test_a_worker_that_cannot_start_says_why_in_one_line():
     # Without CuPy or a GPU the spawned worker's Evaluator fails; the parent raises the error the
     # CLI prints in one line (an AutogenError), not the worker's internal WorkerError.
     from autogen.errors import AutogenError, GpuUnavailableError
-    from autogen.family import get_family
-    from autogen.worker import WorkSpec
+    from autogen.core.registry import get_family
+    from autogen.gpu.worker import WorkSpec
 
     spec = WorkSpec.of(get_family("sgemv").problem(m=64, n=16), "cold")
     evaluator = IsolatedEvaluator(spec)
@@ -54,7 +54,7 @@ def test_a_worker_that_cannot_start_says_why_in_one_line():
 
 @pytest.mark.parametrize("cores, workers", [(None, 1), (1, 1), (2, 1), (4, 2), (16, 8), (128, 8)])
 def test_default_compile_processes_leave_half_the_cores_to_the_search(monkeypatch, cores, workers):
-    from autogen import worker
+    from autogen.gpu import worker
 
     monkeypatch.setattr(worker.os, "cpu_count", lambda: cores)
     assert worker.default_workers() == workers
@@ -64,8 +64,8 @@ def test_default_compile_processes_leave_half_the_cores_to_the_search(monkeypatc
 
 
 def _spec():
-    from autogen.family import get_family
-    from autogen.worker import WorkSpec
+    from autogen.core.registry import get_family
+    from autogen.gpu.worker import WorkSpec
 
     return WorkSpec.of(get_family("sgemv").problem(m=64, n=16), "cold")
 
@@ -93,7 +93,7 @@ def test_a_worker_whose_parent_left_ends_quietly(monkeypatch, fails_to_start):
     # while the prestarted worker is still starting; the worker's message then meets a closed pipe.
     import multiprocessing
 
-    from autogen import worker
+    from autogen.gpu import worker
 
     monkeypatch.setattr(_StandInEvaluator, "fail", fails_to_start)
     monkeypatch.setattr(worker, "Evaluator", _StandInEvaluator)
@@ -103,7 +103,7 @@ def test_a_worker_whose_parent_left_ends_quietly(monkeypatch, fails_to_start):
 
 
 def test_a_worker_whose_parent_left_mid_request_ends_quietly(monkeypatch):
-    from autogen import worker
+    from autogen.gpu import worker
 
     monkeypatch.setattr(worker, "Evaluator", _StandInEvaluator)
 
@@ -128,8 +128,9 @@ def test_a_worker_whose_parent_left_mid_request_ends_quietly(monkeypatch):
 
 
 def test_a_tune_without_a_gpu_stops_its_prestarted_worker(monkeypatch, capsys):
-    from autogen import backend, commands, gpu
-    from autogen.cli import main
+    from autogen.gpu import backend, device as gpu
+    from autogen.cli import commands
+    from autogen.cli.main import main
     from autogen.errors import GpuUnavailableError
 
     stopped = []

@@ -1,7 +1,7 @@
 """BIAS_MASK_SCALE_ADD: y[i] = (x[i] + bias[i % bias_size]) * (mask[i] ? scale : 0) + addend[i], the
 fused bias-dropout-residual step of a transformer layer. x, bias, addend, y in one dtype (fp32,
 fp16, bf16), mask uint8 (nonzero keeps), n >= 1 elements, bias_size dividing n.
-Template: templates/bias_mask_scale_add.cu.j2 (shared pieces in templates/elementwise.cuh.j2 and
+Template: templates/bias_mask_scale_add/kernel.cu.j2 (shared pieces in templates/elementwise.cuh.j2 and
 _elementwise.py).
 """
 
@@ -11,11 +11,13 @@ import functools
 
 import numpy as np
 
-from ..dtypes import DTYPES, to_float64, to_storage
-from ..errors import ArgumentError, UsageError
-from ..family import Family, Launch, Peer, Step, dtype_name, kernel_scalar, new_output, register
-from ..problem import Config, Problem
-from . import _elementwise as ew
+from autogen.core.dtypes import DTYPES, to_float64, to_storage
+from autogen.errors import ArgumentError, UsageError
+from autogen.core.family import Family, Launch, Peer, Step
+from autogen.core.operands import dtype_name, kernel_scalar, new_output
+from autogen.core.registry import register
+from autogen.core.problem import Config, Problem
+from autogen.families import _elementwise as ew
 
 X_RANGE = 2.0  # x and addend uniform in [-2, 2), bias in [-0.5, 0.5)
 BIAS_RANGE = 0.5
@@ -40,10 +42,8 @@ INDUCTOR_FP32 = {"vector_width": 1, "elements_per_thread": 2, "block_size": 256,
 @register
 class BiasMaskScaleAdd(Family):
     name = "bias_mask_scale_add"
-    template = "bias_mask_scale_add.cu.j2"
-    selftest_template = "export/selftest_bias_mask_scale_add.cu.j2"
     api = "bias_mask_scale_add"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n", "bias_size")
     dtypes = ew.DTYPES
     # Four loads per element in flight (x, bias, addend, mask): fp32 at 16 elements per thread and
@@ -174,7 +174,7 @@ class BiasMaskScaleAdd(Family):
         capture: nothing is allocated inside CuPy's stream capture. scripts/bench_elementwise.py
         also times the literal expression (allocating its temporaries) and torch.compile of it in
         torch's own CUDA graphs."""
-        from ..peers import torch_cuda, torch_stream_peer
+        from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
             return None

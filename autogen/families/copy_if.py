@@ -1,5 +1,5 @@
 """COPY_IF (stream compaction): values[0..count) = the x[i] > threshold, count[0] = how many; x
-int32 or float32 of any length; NaN is never selected. Template: templates/copy_if.cu.j2.
+int32 or float32 of any length; NaN is never selected. Template: templates/copy_if/kernel.cu.j2.
 
 Two outputs: `values`, a buffer of n elements whose first `count` are the selected ones, and
 `count`, one int32 on the device (the call never waits for the GPU, so it stays capturable).
@@ -27,13 +27,14 @@ import math
 
 import numpy as np
 
-from ..errors import ArgumentError, GpuUnavailableError, InvalidConfigError, UsageError
-from ..problem import Config, Problem
-from ..space import Param, Space
-from ..family import (Family, Launch, Peer, Step, Trait, device_array, dtype_name, kernel_scalar, new_output, register,
-                      stream_workspace)
-from ..gpu import sm_count
-from .histogram import MAX_THREADS_PER_SM
+from autogen.errors import ArgumentError, GpuUnavailableError, InvalidConfigError, UsageError
+from autogen.core.problem import Config, Problem
+from autogen.core.space import Param, Space
+from autogen.core.family import Family, Launch, Peer, Step, Trait
+from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, stream_workspace
+from autogen.core.registry import register
+from autogen.gpu.device import sm_count
+from autogen.families.histogram import MAX_THREADS_PER_SM
 
 ORDERED_MODES = ("lookback", "two_pass")
 UNORDERED_MODES = ("block", "warp", "thread")
@@ -141,11 +142,9 @@ SPACE = Space(
 @register
 class CopyIf(Family):
     name = "copy_if"
-    template = "copy_if.cu.j2"
-    selftest_template = "export/selftest_copy_if.cu.j2"
     selftest_includes = ("cub/device/device_radix_sort.cuh", "cub/device/device_select.cuh")  # its GPU check
     api = "copy_if"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n",)
     traits = (SELECTIVITY, ORDER)
     dtypes = ("int32", "float32")
@@ -335,11 +334,11 @@ class CopyIf(Family):
         (scripts/cub_peers.cu, named by AUTOGEN_CUB_PEERS); None without it: CuPy has no
         capturable select, and torch.masked_select synchronises to size its output."""
         try:
-            from ..gpu import require_cupy
+            from autogen.gpu.device import require_cupy
             cupy = require_cupy()
         except GpuUnavailableError:
             return None
-        from .cub_peers import cub_library
+        from autogen.families.cub_peers import cub_library
         cub = cub_library()
         return cub.select_peer(cupy, problem.dtype, problem["n"]) if cub is not None else None
 

@@ -14,7 +14,7 @@ import ctypes
 import functools
 import os
 
-from ..family import Peer
+from autogen.core.family import Peer
 
 ENV = "AUTOGEN_CUB_PEERS"
 

@@ -1,6 +1,6 @@
 """GELU: y = gelu(x) over a contiguous array of any length n >= 1, fp32, fp16 or bf16, in the tanh
 form or the exact erf form (`approximate`, as torch.nn.functional.gelu names them).
-Template: templates/gelu.cu.j2 (shared pieces in templates/elementwise.cuh.j2 and _elementwise.py).
+Template: templates/gelu/kernel.cu.j2 (shared pieces in templates/elementwise.cuh.j2 and _elementwise.py).
 
 The form is a trait of the problem (it joins the database key; the CLI takes --approximate), and
 reaches the kernel as an argument: a template is rendered from (dtype, config) only, so every
@@ -16,12 +16,14 @@ import math
 
 import numpy as np
 
-from ..dtypes import DTYPES, to_float64, to_storage
-from ..errors import ArgumentError
-from ..family import Family, Launch, Peer, Step, Trait, dtype_name, kernel_scalar, new_output, register
-from ..problem import Config, Problem
-from ..space import Param
-from . import _elementwise as ew
+from autogen.core.dtypes import DTYPES, to_float64, to_storage
+from autogen.errors import ArgumentError
+from autogen.core.family import Family, Launch, Peer, Step, Trait
+from autogen.core.operands import dtype_name, kernel_scalar, new_output
+from autogen.core.registry import register
+from autogen.core.problem import Config, Problem
+from autogen.core.space import Param
+from autogen.families import _elementwise as ew
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 KAPPA = 0.044715
@@ -65,10 +67,8 @@ def _parse_approximate(text: str) -> str:
 @register
 class Gelu(Family):
     name = "gelu"
-    template = "gelu.cu.j2"
-    selftest_template = "export/selftest_gelu.cu.j2"
     api = "gelu"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n",)
     traits = (Trait("approximate", ("tanh", "none"),
                     "GELU form as torch.nn.functional.gelu: tanh (the tanh approximation) or none (exact, erf)",
@@ -181,7 +181,7 @@ class Gelu(Family):
         warm-up outside capture picks the out= form that this torch accepts and checks it against
         torch.nn.functional.gelu. F.gelu itself allocates its result: scripts/bench_elementwise.py
         times it, and torch.compile, in torch's own CUDA graphs."""
-        from ..peers import torch_cuda, torch_stream_peer
+        from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
             return None

@@ -1,6 +1,6 @@
 """HGEMV: y = alpha * A x + beta * y for LLM decode. A (m x n) row-major in float16 or bfloat16,
 x holding `batch` vectors (n x batch row-major, or a vector of n when batch = 1), fp32
-accumulation, y (m x batch, or m) in A's dtype. Template: templates/hgemv.cu.j2.
+accumulation, y (m x batch, or m) in A's dtype. Template: templates/hgemv/kernel.cu.j2.
 
 The geometry (row groups of threads_per_row lanes, rows_per_group rows each, warps_per_block
 warps) and the pruning of row groups that overshoot short rows are sgemv's, imported from there.
@@ -17,14 +17,20 @@ import math
 
 import numpy as np
 
-from ..dtypes import DTYPES, to_float64, to_storage
-from ..errors import ArgumentError
-from ..gpu import sm_count
-from ..problem import Config, Problem
-from ..space import Param, Space
-from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar, new_output, random_uniform,
-                      register)
-from .sgemv import _reduce_only_across_warps, _row_fits_block, overshoot_reason, rows_per_block
+from autogen.core.dtypes import DTYPES, to_float64, to_storage
+from autogen.errors import ArgumentError
+from autogen.gpu.device import sm_count
+from autogen.core.problem import Config, Problem
+from autogen.core.space import Param, Space
+from autogen.core.family import Family, Launch, Peer, Step
+from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, random_uniform
+from autogen.core.registry import register
+from autogen.families.sgemv import (
+    _reduce_only_across_warps,
+    _row_fits_block,
+    overshoot_reason,
+    rows_per_block,
+)
 
 MAX_TILE = 8  # the largest batch_tile: LLM decode batches of 1 to 8 take one launch
 
@@ -254,10 +260,8 @@ BATCH1_SEEDS = (
 @register
 class Hgemv(Family):
     name = "hgemv"
-    template = "hgemv.cu.j2"
-    selftest_template = "export/selftest_hgemv.cu.j2"
     api = "hgemv"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     # The template's `pdl` variable (render(..., pdl=True)), as sgemv's: each thread loads its
     # first chunk of A into registers, then griddepcontrol.wait, then reads x (and y).
     pdl_capable = True
@@ -475,7 +479,7 @@ class Hgemv(Family):
         stream, writing into the inputs' own y through out= (no allocation inside capture). The
         out= form is checked, and cuBLAS's handle and kernels loaded for this shape, outside
         capture first. Timed on the timing case (alpha = 1, beta = 0), as sgemv's peer."""
-        from ..peers import torch_cuda, torch_stream_peer
+        from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
             return None

@@ -1,5 +1,5 @@
 """HISTOGRAM: counts[b] = how many x[i] == b, for b in [0, bins); int32 x of any length. Values
-outside [0, bins) are ignored. Template: templates/histogram.cu.j2.
+outside [0, bins) are ignored. Template: templates/histogram/kernel.cu.j2.
 
 Counts are 32-bit. The Python call returns them as int32 by default, or in an `out` array of
 int32 or uint32: the kernels write the same bits either way (a count is at most n <= 2^31 - 1,
@@ -19,11 +19,13 @@ import math
 
 import numpy as np
 
-from ..errors import ArgumentError, GpuUnavailableError
-from ..problem import Config, Problem
-from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, Trait, device_array, kernel_scalar, new_output, register
-from ..gpu import sm_count
+from autogen.errors import ArgumentError, GpuUnavailableError
+from autogen.core.problem import Config, Problem
+from autogen.core.space import Param, Space
+from autogen.core.family import Family, Launch, Peer, Step, Trait
+from autogen.core.operands import device_array, kernel_scalar, new_output
+from autogen.core.registry import register
+from autogen.gpu.device import sm_count
 
 MAX_THREADS_PER_SM = 2048
 SHARED_LIMIT_BYTES = 48 * 1024  # dynamic shared memory a launch gets without cudaFuncSetAttribute
@@ -80,10 +82,8 @@ SPACE = Space(
 @register
 class Histogram(Family):
     name = "histogram"
-    template = "histogram.cu.j2"
-    selftest_template = "export/selftest_histogram.cu.j2"
     api = "histogram"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n", "bins")
     traits = (DISTRIBUTION,)
     dtypes = ("int32",)
@@ -172,12 +172,12 @@ class Histogram(Family):
         (scripts/cub_peers.cu, named by AUTOGEN_CUB_PEERS) when present; else cupy.histogram with
         CuPy's CUB accelerator (HistogramRange over float bin edges, plus CuPy's own set-up
         kernels), under a ReplayArena so its allocations are safe inside stream capture."""
-        from ..gpu import require_cupy
+        from autogen.gpu.device import require_cupy
         try:
             cupy = require_cupy()
         except GpuUnavailableError:
             return None
-        from .cub_peers import cub_library
+        from autogen.families.cub_peers import cub_library
         cub = cub_library()
         if cub is not None:
             return cub.histogram_peer(cupy, problem["n"], problem["bins"])
@@ -259,7 +259,7 @@ def exact_counts(xp, counts, expected) -> tuple[float, str]:
 def cupy_histogram_peer(cupy, n: int, bins: int) -> Peer:
     """cupy.histogram(x, bins, range=(0, bins)) with the CUB accelerator, its int64 counts cast
     into the 32-bit output. range is given, so CuPy never reads x.min()/x.max() (a sync)."""
-    from ..peers import ReplayArena
+    from autogen.gpu.peers import ReplayArena
     from cupy._core import _accelerator
 
     def with_cub(call):

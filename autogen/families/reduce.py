@@ -1,5 +1,5 @@
 """REDUCE: out[0] = sum(x), x of any length n >= 1, fp32 or fp16 in, fp32 accumulation and
-output. Template: templates/reduce.cu.j2.
+output. Template: templates/reduce/kernel.cu.j2.
 
 Workspace: two_kernel and last_block write one float per block. The inputs dict carries that
 buffer (`partials`, NaN-poisoned so a partial read before it is written shows) sized for the
@@ -16,16 +16,17 @@ import functools
 
 import numpy as np
 
-from ..errors import ArgumentError, GpuUnavailableError
-from ..problem import Config, Problem
-from ..space import Param, Space
-from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar,
-                      new_output, register, stream_workspace)
+from autogen.errors import ArgumentError, GpuUnavailableError
+from autogen.core.problem import Config, Problem
+from autogen.core.space import Param, Space
+from autogen.core.family import Family, Launch, Peer, Step
+from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, stream_workspace
+from autogen.core.registry import register
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 _F32 = np.dtype(np.float32)
-from ..gpu import resident_capacity
-from ..peers import ReplayArena
+from autogen.gpu.device import resident_capacity
+from autogen.gpu.peers import ReplayArena
 
 # The tails case puts half of the sum in the first and last HEAVY_EDGE elements (where misaligned
 # vector starts and partial tiles are handled), so one dropped or doubled element there moves the
@@ -64,10 +65,8 @@ SPACE = Space(
 @register
 class Reduce(Family):
     name = "reduce"
-    template = "reduce.cu.j2"
-    selftest_template = "export/selftest_reduce.cu.j2"
     api = "reduce_sum"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n",)
     dtypes = ("float32", "float16")
     space = SPACE
@@ -198,7 +197,7 @@ class Reduce(Family):
         """cupy.sum (CUB's device reduction for fp32; CuPy's reduction kernel for fp16 in, fp32
         out), under a ReplayArena so that its allocations are safe inside stream capture."""
         try:
-            from ..gpu import require_cupy
+            from autogen.gpu.device import require_cupy
             cupy = require_cupy()
         except GpuUnavailableError:
             return None

@@ -1,5 +1,5 @@
 """SGEMM: C = alpha * A B + beta * C, fp32, row-major A (m x k), B (k x n), C (m x n).
-Template: templates/sgemm.cu.j2.
+Template: templates/sgemm/kernel.cu.j2.
 
 The block tile (block_m x block_n x block_k), the thread tile (thread_m x thread_n) and the warp
 layout (how a warp's 32 threads tile a warp's share of the block) are parameters; the number of
@@ -23,11 +23,13 @@ import functools
 
 import numpy as np
 
-from ..errors import ArgumentError, UsageError
-from ..problem import Config, Problem
-from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, device_array, kernel_scalar, new_output, random_uniform, register
-from ..gpu import sm_count
+from autogen.errors import ArgumentError, UsageError
+from autogen.core.problem import Config, Problem
+from autogen.core.space import Param, Space
+from autogen.core.family import Family, Launch, Peer, Step
+from autogen.core.operands import device_array, kernel_scalar, new_output, random_uniform
+from autogen.core.registry import register
+from autogen.gpu.device import sm_count
 
 # Blocks of the split-K init kernel (256 threads, grid-stride); the template has the same figure.
 INIT_THREADS = 256
@@ -266,10 +268,8 @@ DEEP_SPLIT_WAVES = 4
 @register
 class Sgemm(Family):
     name = "sgemm"
-    template = "sgemm.cu.j2"
-    selftest_template = "export/selftest_sgemm.cu.j2"
     api = "sgemm"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("m", "n", "k")
     dtypes = ("float32",)
     space = SPACE
@@ -436,7 +436,7 @@ class Sgemm(Family):
         return 2 * problem["m"] * problem["n"] * problem["k"]
 
     def peer(self, problem: Problem) -> Peer | None:
-        from ..peers import cublas_handle
+        from autogen.gpu.peers import cublas_handle
         handle = cublas_handle()
         if handle is None:
             return None

@@ -1,4 +1,4 @@
-"""SGEMV: y = alpha * A x + beta * y, fp32, A row-major m x n. Template: templates/sgemv.cu.j2."""
+"""SGEMV: y = alpha * A x + beta * y, fp32, A row-major m x n. Template: templates/sgemv/kernel.cu.j2."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import functools
 
 import numpy as np
 
-from ..errors import ArgumentError
-from ..problem import Config, Problem
-from ..space import Param, Space
-from ..family import Family, Launch, Peer, Step, device_array, kernel_scalar, new_output, random_uniform, register
+from autogen.errors import ArgumentError
+from autogen.core.problem import Config, Problem
+from autogen.core.space import Param, Space
+from autogen.core.family import Family, Launch, Peer, Step
+from autogen.core.operands import device_array, kernel_scalar, new_output, random_uniform
+from autogen.core.registry import register
 
 _F32 = np.dtype(np.float32)
 
@@ -64,13 +66,11 @@ SPACE = Space(
 @register
 class Sgemv(Family):
     name = "sgemv"
-    template = "sgemv.cu.j2"
-    selftest_template = "export/selftest_sgemv.cu.j2"
     api = "sgemv"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     # The template's `pdl` variable (render(..., pdl=True)): griddepcontrol.wait after the
     # weights' prefetch, for chains of small kernels launched with programmatic stream
-    # serialization (autogen.launch). Not a searched parameter: one kernel timed alone
+    # serialization (autogen.gpu.launch). Not a searched parameter: one kernel timed alone
     # cannot show what it gains.
     pdl_capable = True
     dims = ("m", "n")
@@ -151,7 +151,7 @@ class Sgemv(Family):
         return 2 * problem["m"] * problem["n"]
 
     def peer(self, problem: Problem) -> Peer | None:
-        from ..peers import cublas_handle
+        from autogen.gpu.peers import cublas_handle
         handle = cublas_handle()
         if handle is None:
             return None

@@ -1,15 +1,16 @@
 """SOFTMAX over the last dimension of a row-major rows x cols matrix, fp32 arithmetic; x and y
-both fp32 or both fp16. Template: templates/softmax.cu.j2."""
+both fp32 or both fp16. Template: templates/softmax/kernel.cu.j2."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ArgumentError
-from ..problem import Config, Problem
-from ..space import Param, Space
-from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar, new_output,
-                      random_uniform, register)
+from autogen.errors import ArgumentError
+from autogen.core.problem import Config, Problem
+from autogen.core.space import Param, Space
+from autogen.core.family import Family, Launch, Peer, Step
+from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, random_uniform
+from autogen.core.registry import register
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 
@@ -67,10 +68,8 @@ SPACE = Space(
 @register
 class Softmax(Family):
     name = "softmax"
-    template = "softmax.cu.j2"
-    selftest_template = "export/selftest_softmax.cu.j2"
     api = "softmax"
-    reuse_bound_calls = True  # bind only checks and arranges (autogen.bound)
+    reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("rows", "cols")
     dtypes = ("float32", "float16")
     space = SPACE
@@ -191,7 +190,7 @@ class Softmax(Family):
         torch._softmax(x, -1, False, out=y) where the first is refused). A warm-up outside capture initialises torch's CUDA state, picks
         the out= form and loads torch's kernel for this shape and dtype. Checked on torch 2.11:
         the replayed graph's output matches the float64 reference (tests/test_gpu_reduce_softmax.py)."""
-        from ..peers import torch_cuda, torch_stream_peer
+        from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
             return None

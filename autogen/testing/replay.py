@@ -20,8 +20,8 @@ from pathlib import Path
 from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity
 
-from ..problem import Problem
-from ..worker import Ceilings, Outcome
+from autogen.core.problem import Problem
+from autogen.gpu.worker import Ceilings, Outcome
 
 RECORDING_FORMAT = 1
 
@@ -98,7 +98,7 @@ class ReplayEvaluator:
             return Outcome(kernel_name, "failed", "not in the recording")
         if entry["status"] != "ok":
             return Outcome(kernel_name, "failed", entry["reason"] or "failed when recorded")
-        from ..measure import EARLY_FACTOR, sample_until
+        from autogen.gpu.measure import EARLY_FACTOR, sample_until
         samples = iter(entry["samples_us"])
         kept = sample_until(lambda: next(samples), len(entry["samples_us"]),
                             EARLY_FACTOR * best_us if best_us else None)
@@ -119,7 +119,7 @@ class ReplayEvaluator:
 
 
 class ReplayBackend:
-    """Drop-in for autogen.backend.GpuBackend: Tuner(..., backend_factory=ReplayBackend.factory(doc))."""
+    """Drop-in for autogen.gpu.backend.GpuBackend: Tuner(..., backend_factory=ReplayBackend.factory(doc))."""
 
     def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
                  device_index: int | None = None, fault_after: int | None = None,
@@ -127,7 +127,7 @@ class ReplayBackend:
         if recording.get("format") != RECORDING_FORMAT:
             raise ValueError(f"unsupported recording format {recording.get('format')!r}")
         self.device = DeviceIdentity(**recording["device"])
-        self.device_index = device_index  # the "GPU" it stands for (autogen.distributed)
+        self.device_index = device_index  # the "GPU" it stands for (autogen.distributed.multi_gpu)
         self.free_bytes = 80 * 2**30
         self.evaluator = ReplayEvaluator(recording, crash_on, delay_s, fault_after, meeting)
         self.compiled: list[str] = []
@@ -161,7 +161,7 @@ class ReplayBackend:
 @dataclass
 class ReplayFactory:
     """ReplayBackend.factory's backend_factory. Picklable, so that a helper process of
-    autogen.distributed builds the same replaying backends on its "GPU": ``made`` (the backends
+    autogen.distributed.multi_gpu builds the same replaying backends on its "GPU": ``made`` (the backends
     made, for the tests to inspect) stays in the process that made them; a helper process
     starts with none, and its measurements come back as its search counts."""
 

@@ -1,0 +1,331 @@
+"""Tuning on several GPUs of one machine: one isolated evaluator per GPU.
+
+Problems first: a thread per GPU takes the next problem nobody has started and tunes it as its
+owner: it starts the problem (warm start), runs a search loop, then re-times the finalists on
+its own GPU and stores the winner. The owners' threads share one NVRTC compile pool.
+
+Then trials: a GPU that finds no problem left to start helps a problem still being searched,
+with a search loop of its own in a helper process (autogen.distributed.helper_process) on the same shared study: the
+claims of the tuning database keep the loops from measuring a variant twice and hold the trial
+budget, exactly as for workers on several machines (autogen.search.loop). A process, not a thread of
+this one, because the search loop's host work is Python: two loops of one process take turns at
+the GIL, and a 1-GPU search is host-bound already (autogen.distributed.helper_process has the measurements). So 8
+problems spread over 2 GPUs four by four, and 1 problem gets both GPUs; the owner waits for its
+helpers' search loops before it re-times, so the winner is chosen on one GPU from every
+measurement, and the helpers' counts (measured, failed, taken over, time spent) are added to its
+result, which lists their GPUs.
+
+When a helper is started: its interpreter, imports, GPU worker and compile pool take a couple of
+seconds, during which it measures nothing, so a GPU helps a problem only while at least
+HELP_MIN_TRIALS_LEFT trials of its budget are neither stored nor claimed (its whole budget until
+its owner has begun); with fewer, the owner alone measures them in about the time a helper
+takes to start. Hence:
+
+* where there are fewer problems than GPUs (and the budget is large enough), the spare GPUs'
+  helpers are spawned at once, with the owners, so that their start-up overlaps the owners' own;
+  each waits for its owner's begin() before it searches;
+* at the tail of a run (a GPU done with its problems while others still search), a GPU helps only
+  a problem whose owner has most of a large budget left; otherwise it rests.
+
+An owner whose search is over waits for the helpers that are searching, never for one still
+starting: that one is told to stop once it is ready. A helper that fails or dies is reported on
+the progress output; the owner's search and result stand, and a killed helper's claimed variants
+are taken over by the owner when their leases lapse (autogen.search.loop).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from autogen.gpu.backend import GpuBackend
+from autogen.errors import UsageError
+from autogen.distributed.helper_process import HelpRequest, HelperProcess
+from autogen.core.problem import Problem
+from autogen.search.progress import TrialDone
+from autogen.report import terminal_text
+from autogen.search.tuner import TuneOptions, TuneResult, Tuner
+
+
+def _log(message: str) -> None:
+    # Lines name stored kernels, GPUs and workers: what a database says never reaches the terminal raw.
+    print(terminal_text(message), file=sys.stderr, flush=True)
+
+
+def parse_gpus(text: str | None) -> tuple[int, ...] | str | None:
+    """`--gpus`: "all", or device ordinals "0,1,3" (each once); None when not given."""
+    if text is None:
+        return None
+    if text.strip() == "all":
+        return "all"
+    items = [item.strip() for item in text.split(",")]
+    if not items or any(not item.isdigit() or not item.isascii() for item in items):
+        raise UsageError(f"--gpus expects 'all' or device numbers separated by commas, like 0,1; got {text!r}")
+    ordinals = tuple(int(item) for item in items)
+    if len(set(ordinals)) != len(ordinals):
+        raise UsageError(f"--gpus names a GPU twice: {text!r}")
+    return ordinals
+
+
+def resolve_gpus(gpus, count: int) -> tuple[int, ...] | None:
+    """Ordinals to use, given how many GPUs this process sees."""
+    if gpus is None:
+        return None
+    if gpus == "all":
+        return tuple(range(count))
+    missing = [g for g in gpus if g >= count]
+    if missing:
+        raise UsageError(f"--gpus {','.join(map(str, gpus))}: this machine has {count} GPU(s), numbered 0 to {count - 1}")
+    return tuple(gpus)
+
+
+# A GPU left without a problem joins one being searched only while at least this many of its
+# trials are neither stored nor claimed. A 1-GPU sgemv search measures about 30 trials a second
+# (240 in 8 s on an H200) and a helper process takes a couple of seconds to start: with fewer
+# trials left, the owner alone is done about when the helper would begin.
+HELP_MIN_TRIALS_LEFT = 60
+
+
+@dataclass
+class _Job:
+    problem: Problem
+    tuner: Tuner
+    index: int
+    state: str = "waiting"  # waiting -> searching -> finishing -> done
+    started: float = 0.0  # when its owner started it (time.monotonic()); helpers' timeouts count from it
+    helpers: int = 0  # helper processes started for it and not over yet
+    searching_helpers: int = 0  # those told to search: the owner waits for them before re-timing
+    joined: set = field(default_factory=set)  # GPUs that chose it to help (each does so once)
+    ready: threading.Event = field(default_factory=threading.Event)  # the owner's begin() is over
+    result: TuneResult | None = None
+    error: BaseException | None = None
+
+
+class MultiGpu:
+    """Tunes ``problems`` on ``options.gpus`` (two or more), returning results in problem order."""
+
+    def __init__(self, problems: list[Problem], options: TuneOptions, progress: Callable[[str], None] = _log,
+                 backend_factory=GpuBackend, on_result: Callable[[TuneResult], None] | None = None):
+        self.options, self.progress = options, progress
+        self.backend_factory = backend_factory  # helper processes get it pickled: GpuBackend, or a test aid
+        self.on_result = on_result
+        self.gpus = tuple(options.gpus or ())
+        if len(self.gpus) < 2:
+            raise ValueError("MultiGpu needs two GPUs or more; Tuner.run tunes on one")
+        self.jobs = [_Job(p, Tuner(p, options, self._progress_for(p), backend_factory), i)
+                     for i, p in enumerate(problems)]
+        self.lock = threading.Condition()
+        self.helper_processes: list[HelperProcess] = []  # every one started, reaped at the end
+        self.started = time.monotonic()
+
+    def _progress_for(self, problem: Problem) -> Callable[[str], None]:
+        def report(message) -> None:  # a line, or a TrialDone (autogen.search.progress)
+            gpu = getattr(threading.current_thread(), "gpu", None)
+            if isinstance(message, TrialDone):
+                self.progress(message.on_gpu(gpu))
+            else:
+                self.progress((f"[gpu {gpu}] " if gpu is not None else "") + message)
+        return report
+
+    def run(self) -> list[TuneResult]:
+        # The owners' compile pool (GpuBackend.compile_pool: a Future) starts on a thread while
+        # the GPU workers and helper processes start.
+        make_pool = getattr(self.backend_factory, "compile_pool", None)
+        self.pool = make_pool(self.options.workers) if callable(make_pool) else None
+        # The first problems go to the GPUs in order; a GPU left over starts helping at once.
+        first = dict(zip(self.gpus, self.jobs))
+        for job in first.values():
+            job.state = "searching"
+        threads = []
+        try:
+            for gpu in self.gpus:
+                thread = threading.Thread(target=self._gpu_main, args=(gpu, first.get(gpu)), name=f"gpu {gpu}",
+                                          daemon=True)
+                thread.gpu = gpu
+                thread.start()
+                threads.append(thread)
+            for thread in threads:
+                while thread.is_alive():  # joined in slices, so Ctrl-C reaches this thread
+                    thread.join(0.2)
+        finally:
+            self._end_helpers()
+            if self.pool is not None:
+                self.pool.result().shutdown(cancel_futures=True)
+        errors = [job.error for job in self.jobs if job.error is not None]
+        if errors:
+            raise errors[0]
+        return [job.result for job in self.jobs]
+
+    def _end_helpers(self) -> None:
+        """Reap every helper process: after a normal run they are over; after Ctrl-C or an
+        error they are stopped now (they ignore Ctrl-C themselves: autogen.distributed.helper_process)."""
+        with self.lock:
+            helpers = list(self.helper_processes)
+        for helper in helpers:
+            helper.end(grace_s=0)
+
+    # -- one thread per GPU -------------------------------------------------------------------------
+
+    def _gpu_main(self, gpu: int, job: _Job | None) -> None:
+        owner = job is not None
+        while True:
+            if job is None:
+                with self.lock:
+                    job, owner = self._pick(gpu)
+                if job is None:
+                    return
+            if owner:
+                self._own(job, gpu)
+            else:
+                self._help(job, gpu)
+            job = None
+
+    def _pick(self, gpu: int) -> tuple[_Job | None, bool]:
+        """Under the lock: the next problem nobody started (this GPU becomes its owner); else
+        the one being searched with the fewest helpers that this GPU has not chosen yet (to
+        help); else none."""
+        for job in self.jobs:
+            if job.state == "waiting":
+                job.state = "searching"
+                return job, True
+        searching = [j for j in self.jobs if j.state == "searching" and gpu not in j.joined]
+        if not searching:
+            return None, False
+        job = min(searching, key=lambda j: (j.helpers, j.index))
+        job.joined.add(gpu)
+        return job, False
+
+    # -- owning a problem ---------------------------------------------------------------------------
+
+    def _own(self, job: _Job, gpu: int) -> None:
+        try:
+            self._tune(job, gpu)
+        except BaseException as exc:  # the problem fails; the GPU goes on with the others
+            self.progress(f"[gpu {gpu}] {job.problem}: {type(exc).__name__}: {exc}")
+            with self.lock:
+                job.error = exc
+                job.state = "done"
+                job.ready.set()
+                self.lock.notify_all()
+
+    def _tune(self, job: _Job, gpu: int) -> None:
+        tuner = job.tuner
+        job.started = started = time.monotonic()
+        with tuner.open_backend(gpu, self.pool) as backend:
+            result = tuner.begin(backend, started)
+            job.ready.set()
+            tuner.search(backend, started, gpu, slot=0)
+            with self.lock:
+                job.state = "finishing"  # no helper starts searching now; wait for those that are
+                while job.searching_helpers:
+                    self.lock.wait()
+            job.result = tuner.end(backend, result, started)
+        with self.lock:
+            job.state = "done"
+        if self.on_result is not None:
+            self.on_result(job.result)
+
+    # -- helping with a problem ---------------------------------------------------------------------
+
+    def _help(self, job: _Job, gpu: int) -> None:
+        """Help ``job`` from a helper process on ``gpu``; whatever goes wrong is reported and
+        leaves the owner's search alone."""
+        if not self._worth_helping(job, gpu):
+            return
+        with self.lock:
+            job.helpers += 1
+            slot = len(job.joined)
+        try:
+            self._run_helper(job, gpu, slot)
+        except Exception as exc:
+            self.progress(f"[gpu {gpu}] could not help with {job.problem}: {type(exc).__name__}: {exc}")
+        finally:
+            with self.lock:
+                job.helpers -= 1
+
+    def _worth_helping(self, job: _Job, gpu: int) -> bool:
+        """Whether enough of ``job``'s budget is left for a helper process to measure some of it
+        once started: HELP_MIN_TRIALS_LEFT trials neither stored nor claimed (its whole budget
+        while its owner's begin() is not over: nothing is claimed before)."""
+        if not job.ready.is_set():
+            left = self.options.trials
+        elif job.error is not None or job.state != "searching":
+            return False
+        else:
+            try:
+                left = self._trials_left(job)
+            except Exception as exc:  # the database away for a moment: this GPU rests
+                self.progress(f"[gpu {gpu}] not helping with {job.problem}: {type(exc).__name__}: {exc}")
+                return False
+        if left < HELP_MIN_TRIALS_LEFT:
+            self.progress(f"[gpu {gpu}] not helping with {job.problem}: {max(left, 0)} trials left, fewer "
+                          f"than the {HELP_MIN_TRIALS_LEFT} for which a helper process pays off its start")
+            return False
+        return True
+
+    def _trials_left(self, job: _Job) -> int:
+        """Trials of the budget not stored nor claimed yet (what TuningDB.claim counts)."""
+        tuner, problem, cache_mode = job.tuner, job.problem, self.options.cache_mode
+        key = (tuner.device, problem.family, problem.dtype, problem.shape_key, cache_mode)
+        stored = sum(1 for t in tuner.db.trials(*key) if t.status != "rejected")
+        return self.options.trials - stored - len(tuner.db.claims(*key, running=True))
+
+    def _run_helper(self, job: _Job, gpu: int, slot: int) -> None:
+        # The very database this process resolved; a compile pool of its own (this process's
+        # is shared by the owners), the helpers' pools together taking about as many cores again.
+        options = replace(self.options, db_url=job.tuner.db.url,
+                          workers=max(1, self.options.workers // len(self.gpus)))
+        helper = HelperProcess(HelpRequest(job.problem, options, self.backend_factory, gpu, slot),
+                               job.tuner.progress)
+        with self.lock:
+            self.helper_processes.append(helper)
+        try:
+            device = helper.ready()  # its start-up, overlapping the owner's
+            if device is None:
+                return  # it failed or died starting (reported)
+            job.ready.wait()
+            if not self._join_search(job, gpu, device, helper):
+                helper.stop()
+                return
+            try:
+                helper.go(job.tuner.device, job.tuner.start, time.monotonic() - job.started)
+                counts = helper.result()
+                if counts is not None:
+                    job.tuner.add_search(gpu, counts)
+            finally:
+                with self.lock:
+                    job.searching_helpers -= 1
+                    self.lock.notify_all()
+        finally:
+            helper.close()
+
+    def _join_search(self, job: _Job, gpu: int, device, helper: HelperProcess) -> bool:
+        """Whether a ready helper searches ``job`` (counted as searching, then): not once its
+        owner's search is over or failed, nor on a GPU of another model."""
+        with self.lock:
+            if job.state != "searching" or job.error is not None:
+                return False
+            if device.name != job.tuner.device.name:
+                self.progress(f"[gpu {gpu}] not helping with {job.problem}: a {device.name}, "
+                              f"not a {job.tuner.device.name}")
+                return False
+            job.searching_helpers += 1
+        self.progress(f"[gpu {gpu}] helping with {job.problem} (process {helper.process.pid})")
+        return True
+
+
+def tune_problems(problems: list[Problem], options: TuneOptions, progress: Callable[[str], None] = _log,
+                  backend_factory=GpuBackend, on_result: Callable[[TuneResult], None] | None = None
+                  ) -> list[TuneResult]:
+    """Every problem tuned, on the GPUs of options.gpus (one after another on a single GPU)."""
+    if options.gpus is None or len(options.gpus) < 2:
+        results = []
+        for problem in problems:
+            results.append(Tuner(problem, options, progress, backend_factory).run())
+            if on_result is not None:
+                on_result(results[-1])
+        return results
+    return MultiGpu(problems, options, progress, backend_factory, on_result).run()

@@ -1,0 +1,557 @@
+"""The search: Optuna's study (one categorical per parameter) and the loop that feeds it.
+
+The study lives in the tuning database (autogen.search.studies), shared by every worker tuning the same
+problem on the same GPU model; autogen's own tables stay the source of truth: a variant is
+claimed there before it is compiled (TuningDB.claim), so no two workers measure it, the trial
+budget counts every worker's trials, and running the same command again continues the search.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import re
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import optuna
+from optuna.distributions import CategoricalDistribution
+from tuning_db import TuningDB
+from tuning_db.records import TrialRecord
+
+from autogen.search import studies
+from autogen.gpu.compile import compile_options
+from autogen.errors import CompileError, UsageError
+from autogen.search.winner import trial_from_outcome
+from autogen.gpu.measure import time_into
+from autogen.search.lease import MAX_LEASE_S
+from autogen.core.problem import Config, Problem
+from autogen.search.progress import TrialDone
+from autogen.core.render import render, source_hash
+from autogen.core.space import Space
+from autogen.catalog.stored import unusable_reason, usable_trials
+
+SAMPLERS = ("tpe", "random", "exhaustive")
+# Told to Optuna for rejected or failed variants: worse than any real time, still finite.
+PENALTY_US = 1e9
+
+optuna.logging.set_verbosity(logging.WARNING)
+
+
+def distributions(space: Space) -> dict[str, CategoricalDistribution]:
+    return {p.name: CategoricalDistribution(p.choices) for p in space.params}
+
+
+class FixedSpaceTPESampler(optuna.samplers.TPESampler):
+    """TPE over a search space known in advance. Every trial of an autogen study has the same
+    distributions (one categorical per parameter), so the intersection of the trials' spaces
+    that TPE infers before each ask is always that space; computing it compared every trial's
+    distributions on every ask (a third of the tuner's host time at 300 asks)."""
+
+    def __init__(self, space: dict[str, CategoricalDistribution], **kwargs):
+        super().__init__(**kwargs)
+        self._fixed_space = dict(space)
+        # Set by the search: whether it would not measure a point (SearchLoop._would_skip).
+        # Such a proposal costs a whole ask (a TPE fit).
+        self.skip: Callable[[dict], bool] | None = None
+
+    def infer_relative_search_space(self, study, trial) -> dict:
+        return dict(self._fixed_space)
+
+    def _compute_acquisition_func(self, samples, mpe_below, mpe_above):
+        """TPE's acquisition of its candidates, with the ones the search would skip ranked last,
+        so that TPE proposes its best candidate the search will measure. Where all are skipped,
+        fresh candidates are drawn from the same model (into the same arrays, which TPE then
+        compares), up to REDRAWS times."""
+        values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        names = [name for name in self._fixed_space if name in samples]
+        if self.skip is None or not samples or len(names) != len(self._fixed_space):
+            return values  # not this sampler's whole space (a univariate fallback): leave it
+        for _ in range(REDRAWS):
+            skipped = np.array([self.skip({name: self._fixed_space[name].to_external_repr(samples[name][i])
+                                           for name in names})
+                                for i in range(len(values))], dtype=bool)
+            if not skipped.all():
+                return np.where(skipped, -np.inf, values)
+            fresh = mpe_below.sample(self._rng.rng, len(values))
+            for name in names:
+                samples[name][:] = fresh[name]
+            values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        return values
+
+
+# Fresh candidate batches TPE draws when every candidate is one the search would skip.
+REDRAWS = 8
+
+
+def make_sampler(name: str, seed: int | None, space: dict[str, CategoricalDistribution]) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # multivariate: parameters interact (vector width x threads per row);
+        # constant_liar: several trials are in flight while the compile pool works ahead.
+        return FixedSpaceTPESampler(space, seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10)
+    if name in ("random", "exhaustive"):
+        # exhaustive enqueues every valid point first (see create_study); random serves the rest
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise UsageError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+# -- the search loop ------------------------------------------------------------------------------
+
+# Consecutive asks that yield only measured, rejected or in-flight points before the search
+# counts the space as exhausted (small spaces, or budgets larger than the space).
+MAX_IDLE_ASKS = 1000
+# Trials stored before the sampler's proposals of measured points are skipped (_would_skip).
+SKIP_MEASURED_AFTER = 100
+# How stale the sampler's view of the other workers' trials may get (seconds).
+REFRESH_S = 1.0
+
+
+@dataclass
+class SearchCounts:
+    measured: int = 0
+    failed: int = 0
+    rejected: int = 0
+    reused: int = 0
+    taken_over: int = 0  # variants whose worker died, measured here instead
+    evaluated: list = field(default_factory=list)  # kernel names evaluated by this loop, in order
+    # Seconds this loop's thread spent per part of the search (study_open, ask, prepare, claim,
+    # store, wait_gpu, study_close): where the search's wall time goes, reported as phases.
+    spent_s: collections.Counter = field(default_factory=collections.Counter)
+
+    def add(self, other: "SearchCounts") -> None:
+        for name in ("measured", "failed", "rejected", "reused", "taken_over"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.evaluated += other.evaluated
+        self.spent_s.update(other.spent_s)
+
+
+@dataclass
+class _Pending:
+    trials: list  # local optuna trials waiting for this variant (none for a take-over)
+    config: Config
+    name: str
+    source: str
+    variant: str
+    future: concurrent.futures.Future
+    taken_over_from: str = ""  # the dead worker whose claim this was
+
+
+class SearchLoop:
+    """Ask the shared study, claim the variant, render, compile ahead in the backend's pool,
+    evaluate in order on the GPU worker, store every trial as it completes (marking its claim
+    done), tell Optuna. A variant already measured (this run, an earlier one, or another worker),
+    claimed by a live worker, or rendering the same code as one, is not measured again.
+
+    ``owner`` names this worker in claims (autogen.search.studies.new_owner); ``slot`` is its index
+    among the problem's loops (its sampler's seed is offset by it, so two GPUs of one machine do
+    not propose the same points). Once ``stop`` is set, the loop gives its claims back and ends
+    at its next step, never midway through a database transaction as an exception raised by a
+    signal would (a helper process's SIGTERM: autogen.distributed.helper_process)."""
+
+    def __init__(self, family, problem: Problem, options, db: TuningDB, device, backend, start,
+                 counts: SearchCounts, progress: Callable[[str], None], owner: str | None = None,
+                 slot: int = 0, stop: threading.Event | None = None):
+        self.family, self.problem, self.options = family, problem, options
+        self.db, self.device, self.backend = db, device, backend
+        self.stored = dict(start.stored)  # kernel name -> TrialRecord, grows as trials complete
+        self.start = start
+        self.counts = counts
+        self.progress = progress
+        self.compile_options = " ".join(compile_options(device.arch))
+        self.owner = owner or studies.new_owner()
+        self.slot = slot
+        self.stop = stop or threading.Event()
+        self.lease = studies.Lease(options.lease_s)
+
+    def open_study(self) -> studies.SharedStudy:
+        seed = self.options.seed
+        if seed is not None and self.slot:
+            seed = (seed + 7919 * self.slot) % 2**32
+        name = studies.study_name(self.problem, self.options.cache_mode, self.device, self.family.space)
+        attrs = {"family": self.problem.family, "dtype": self.problem.dtype, "shape": self.problem.shape_key,
+                 "cache_mode": self.options.cache_mode, "gpu": self.device.name,
+                 "compute_capability": self.device.compute_capability, "trials_budget": self.options.trials}
+        key = (self.device, self.problem.family, self.problem.dtype, self.problem.shape_key, self.options.cache_mode)
+        return studies.SharedStudy(self.db, name, make_sampler(self.options.sampler, seed, self.dists), attrs,
+                                   self.dists, self.owner, key, complete=self.family.space.complete)
+
+    def run(self, started: float) -> None:
+        options, space = self.options, self.family.space
+        exhaustive = [c.as_dict() for c in space.enumerate()] if options.sampler == "exhaustive" else []
+        # Seeds are tried even where the shape would prune them: the default is the baseline.
+        self.seed_keys = {_key(p) for p in self.start.seeds}
+        self.dists = dists = distributions(space)
+        with self._timed("study_open"):  # the shared study opens on its writer thread meanwhile
+            study = self.study = self.open_study()
+            study.add_known(self.start.measured, dists)
+            study.refresh(wait=False)
+        self.local = study.local
+        self.judged_points: dict[tuple, tuple[Config, str] | None] = {}  # see _judged
+        if isinstance(self.local.sampler, FixedSpaceTPESampler):
+            self.local.sampler.skip = self._would_skip
+        self.fixed = collections.deque(self.start.seeds + exhaustive)  # asked first, in order
+        self.by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
+        self.in_flight: dict[str, _Pending] = {}
+        depth = max(2, 2 * options.workers)
+        self.idle_asks = 0
+        self.budget_reached = self.space_done = False
+        last_check = 0.0
+
+        def may_ask() -> bool:
+            if self.timed_out(started):
+                return False
+            if options.stop_at_us is not None and any(
+                    t.status == "ok" and t.time_us <= options.stop_at_us for t in self.stored.values()):
+                return False
+            # A sampler that keeps proposing measured or invalid points has run out of space.
+            return not (self.budget_reached or self.space_done) and self.idle_asks < MAX_IDLE_ASKS
+
+        # The GPU measures the variants in the "autogen-gpu" thread (which waits on the GPU
+        # worker's pipe), each queued as soon as it is claimed, so the GPU goes from one to the
+        # next while this thread asks, renders, claims and stores. `pending` holds every variant
+        # claimed and not yet stored, in order; `depth` bounds it.
+        gpu = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-gpu")
+        pending: collections.deque[tuple[_Pending, concurrent.futures.Future]] = collections.deque()
+        self.gpu_best_us = None  # the best time the GPU thread measured in this search
+
+        def submit(entry: _Pending) -> None:
+            best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
+            pending.append((entry, gpu.submit(self._measure, entry, best)))
+
+        with studies.Heartbeat(self.db, self.owner, self.lease):
+            try:
+                while True:
+                    if self.stop.is_set():
+                        self._abandon()
+                        break
+                    if time.monotonic() - last_check > self.lease.heartbeat_s / 2:
+                        last_check = time.monotonic()
+                        for entry in self._take_over_lapsed():
+                            submit(entry)
+                    study.refresh(min_interval_s=REFRESH_S, wait=False)
+                    can_ask = len(pending) < depth and may_ask()
+                    # Results are stored and told only once asking is done for now (not as soon
+                    # as the GPU is done), oldest first: the order of asks and tells, hence a
+                    # seeded search, does not depend on timing.
+                    if pending and not can_ask:
+                        entry, future = pending.popleft()
+                        with self._timed("wait_gpu"):
+                            outcome = future.result()
+                        self._complete(entry, outcome)
+                        continue
+                    if can_ask:
+                        entry = self._next()
+                        if entry is not None:
+                            self.in_flight[entry.name] = entry
+                            submit(entry)
+                        continue
+                    if self.timed_out(started):
+                        break
+                    # Done asking: wait for the other workers' variants of this problem, and
+                    # take over those whose worker died.
+                    for entry in self._drain(started):
+                        submit(entry)
+                    if not pending:
+                        break
+            except BaseException:
+                self._abandon()
+                raise
+            finally:
+                gpu.shutdown(wait=True, cancel_futures=True)
+                with self._timed("study_close"):
+                    study.close()
+        study.wait_open()  # a search that ended before a refresh saw the study fail to open fails too
+        if options.sampler == "exhaustive" and self._unmeasured(exhaustive):
+            self.progress("note: the trial budget ended the exhaustive search early (raise --trials)")
+
+    def timed_out(self, started: float) -> bool:
+        return self.options.timeout_s is not None and time.monotonic() - started > self.options.timeout_s
+
+    # -- asking and claiming ----------------------------------------------------------------------
+
+    def _ask(self) -> optuna.trial.Trial | None:
+        """The next trial: the fixed points first (seeds, then the exhaustive sweep), then the
+        sampler's. None when an exhaustive sweep is over."""
+        while self.fixed:
+            params = self.fixed.popleft()
+            if self._locally_known(params):
+                continue
+            self.local.enqueue_trial(params)
+            return self.local.ask(self.dists)
+        if self.options.sampler == "exhaustive":
+            self.space_done = True
+            return None
+        return self.local.ask(self.dists)
+
+    def _would_skip(self, params: dict) -> bool:
+        """Whether the search would not measure a point the sampler may propose: invalid, or
+        pruned for this shape (seeds aside); and in a long search, measured or in flight.
+        Early on, TPE's repeated proposals of measured points (told their known times) sharpen
+        its model: skipping them then found worse winners (replayed sgemv 8192x16, 16 seeds, 60
+        trials: median gap to the best 0.39% against 0.08%); past SKIP_MEASURED_AFTER trials
+        they only cost a TPE fit each (599 of 1089 asks at 240 trials, for no better winner)."""
+        judged = self._judged(params)
+        if judged is None:
+            return True
+        name = judged[1]
+        return len(self.stored) >= SKIP_MEASURED_AFTER and (name in self.stored or name in self.in_flight)
+
+    def _judged(self, params: dict) -> tuple[Config, str] | None:
+        """(config, kernel name) of a point the search would measure, None for one it rejects
+        (invalid, or pruned for this shape unless it is a seed); judged once per point, for the
+        sampler's candidates (_would_skip) and the asked trials (_classify) alike."""
+        key = _key(params)
+        if key not in self.judged_points:
+            judged = None
+            if not self.family.space.violations(params):
+                config = self.family.space.check(params)
+                if not self.family.reject_reason(self.problem, config) or key in self.seed_keys:
+                    judged = config, self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
+            self.judged_points[key] = judged
+        return self.judged_points[key]
+
+    def _locally_known(self, params: dict) -> bool:
+        if self.family.space.violations(params):
+            return False  # rejected (and counted) when asked
+        name = self.family.kernel_name(self.problem.dtype, self.family.space.check(params), self.problem.traits)
+        return name in self.stored or name in self.in_flight
+
+    def _timed(self, part: str):
+        return time_into(self.counts.spent_s, part)
+
+    def _next(self) -> _Pending | None:
+        with self._timed("ask"):
+            trial = self._ask()
+        if trial is None:
+            return None
+        with self._timed("prepare"):  # check, render, compare with what is measured
+            outcome = self._classify(trial)
+        if outcome is None:
+            self.idle_asks += 1
+            return None
+        config, name, source = outcome
+        variant = _body_hash(source, name)
+        with self._timed("claim"):
+            claim = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
+                                  self.lease.lease_s, budget=self.options.trials)
+        if claim.status == "claimed":
+            self.idle_asks = 0
+            return self._pending([trial], config, name, source, variant)
+        self.idle_asks += 1
+        if claim.status == "done":  # another worker (or an earlier run) measured it
+            known = self.db.find_trial(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
+                                       claim.kernel_name, self.options.cache_mode)
+            if known is not None and not unusable_reason(self.family, self.problem.dtype, self.problem.traits, known):
+                self.stored[name] = known
+                self.counts.reused += 1
+                self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
+                return None
+        elif claim.status == "budget":
+            self.budget_reached = True
+        # Taken (another worker holds it: its shared trial stands for it), or past the budget:
+        # not a measurement; FAIL keeps it out of the sampler's model.
+        self.local.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return None
+
+    def _pending(self, trials: list, config: Config, name: str, source: str, variant: str,
+                 taken_over_from: str = "") -> _Pending:
+        """Claimed: handed to the compile pool."""
+        return _Pending(trials, config, name, source, variant, self.backend.compile(source, self.device.arch),
+                        taken_over_from)
+
+    def _classify(self, trial):
+        """Reject, reuse or accept an asked trial; returns (config, name, source) to claim."""
+        judged = self._judged(trial.params)
+        if judged is None:
+            return self._reject(trial)
+        config, name = judged
+        if name in self.in_flight:
+            self.in_flight[name].trials.append(trial)
+            return None
+        source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
+        known = self.stored.get(name) or self.stored.get(self.by_body.get(_body_hash(source, name), ""))
+        if known is not None:  # measured already (this run, or an earlier one): not measured again
+            self.counts.reused += 1
+            self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
+            return None
+        return config, name, source
+
+    def _reject(self, trial) -> None:
+        self.counts.rejected += 1
+        self.local.tell(trial, PENALTY_US)
+        return None
+
+    # -- workers that died ------------------------------------------------------------------------
+
+    def _take_over_lapsed(self) -> list[_Pending]:
+        """Claims of this problem whose worker stopped beating (or that hold a lease longer than
+        any worker may take): taken over and compiled here. Another worker's claim whose params
+        are not a point of today's space naming its kernel is released: no one could take it over."""
+        taken = []
+        for claim in self.db.claims(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
+                                    self.options.cache_mode, running=True):
+            if claim.owner == self.owner:
+                continue
+            unusable = claim.params is None or unusable_reason(self.family, self.problem.dtype,
+                                                                self.problem.traits, claim)
+            if not unusable and 0 < claim.expires_in_s <= MAX_LEASE_S:
+                continue
+            if not unusable:
+                config = self.family.space.check(claim.params)
+                name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
+                source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
+                variant = _body_hash(source, name)
+                unusable = variant != claim.variant  # not the code its params render: never completed
+            if unusable:
+                if self.db.release_claim(self.device, claim):
+                    self.progress(f"released {claim.owner}'s claim of {claim.kernel_name}: it is not a point "
+                                  "of today's space rendering the variant claimed")
+                continue
+            got = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
+                                self.lease.lease_s, longest_lease_s=MAX_LEASE_S)
+            if got.status != "claimed":
+                continue  # another worker was quicker
+            self.counts.taken_over += 1
+            self.progress(f"taking over {name} from {got.previous} (its lease lapsed)")
+            self._repair_study(got.previous)
+            entry = self._pending([], config, name, source, variant, taken_over_from=got.previous)
+            self.in_flight[name] = entry
+            taken.append(entry)
+        return taken
+
+    def _repair_study(self, dead: str) -> None:
+        """The dead worker's measured variants that never reached the shared study (it writes
+        them in the background) are added by the worker that took its claim over."""
+        done = {c.kernel_name for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
+                                                      self.problem.shape_key, self.options.cache_mode)
+                if c.owner == dead and c.state == "done"}
+        trials, _skipped = usable_trials(self.family, self.problem, self.db.trials(
+            self.device, self.problem.family, self.problem.dtype, self.problem.shape_key, self.options.cache_mode))
+        measured = {t.kernel_name: (self.family.space.complete(t.params), t.time_us if t.status == "ok" else PENALTY_US)
+                    for t in trials if t.kernel_name in done}
+        if measured:
+            self.study.add_missing(measured, {"status": "recovered", "worker": dead})
+
+    def _drain(self, started: float) -> list[_Pending]:
+        """Wait while other workers hold live claims of this problem; returns the ones that lapse
+        meanwhile, taken over (empty once no claim is left running, or the time limit is up)."""
+        while True:
+            taken = self._take_over_lapsed()
+            if taken:
+                return taken
+            live = [c for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
+                                              self.problem.shape_key, self.options.cache_mode, running=True)
+                    if c.owner != self.owner]
+            if not live or self.stop.is_set():
+                return []
+            if self.timed_out(started):
+                self.progress(f"the time limit is up: not waiting for {len(live)} variant(s) other workers hold")
+                return []
+            wait = min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05))
+            if self.options.timeout_s is not None:  # woken for the time limit, too
+                wait = min(wait, max(0.05, self.options.timeout_s - (time.monotonic() - started)))
+            time.sleep(wait)
+
+    def _abandon(self) -> None:
+        """Interrupted: give the claims back at once, so that no one waits for their leases."""
+        try:
+            self.db.release_claims(self.owner)
+        except Exception:
+            pass  # the leases lapse anyway
+
+    # -- measuring ----------------------------------------------------------------------------------
+
+    def _complete(self, entry: _Pending, outcome) -> None:
+        """Store a measured variant (its claim marked done) and tell the samplers."""
+        with self._timed("store"):
+            self._store(entry, outcome)
+
+    def _store(self, entry: _Pending, outcome) -> None:
+        record = self._record(entry, outcome)
+        del self.in_flight[entry.name]
+        self.stored[entry.name] = record
+        self.by_body[entry.variant] = entry.name
+        value = record.time_us if record.status == "ok" else PENALTY_US
+        attrs = {"kernel": entry.name, "status": record.status}
+        if entry.taken_over_from:
+            attrs["taken_over_from"] = entry.taken_over_from
+        self.study.record(entry.config.as_dict(), self.dists, value, attrs)
+        for trial in entry.trials:
+            self.local.tell(trial, value)
+        if not entry.trials:  # a take-over: the local sampler learns it too
+            self.local.add_trial(optuna.trial.create_trial(
+                params=entry.config.as_dict(), distributions=self.dists, value=value))
+        self._report(record)
+
+    def _record_base(self, name: str, config: Config, source: str) -> TrialRecord:
+        return TrialRecord(family=self.problem.family, dtype=self.problem.dtype, shape_key=self.problem.shape_key,
+                           kernel_name=name, params=config.as_dict(), status="rejected",
+                           source_hash=source_hash(source), compile_options=self.compile_options,
+                           cache_mode=self.options.cache_mode)
+
+    def _measure(self, entry: _Pending, best_us: float | None):
+        """On the "autogen-gpu" thread: wait for the variant's compile, then time it on the GPU
+        worker (`best_us`: the best time so far, for stopping a clearly slower variant early).
+        Returns the Outcome, or the compile error."""
+        try:
+            cubin = entry.future.result()
+        except CompileError as exc:
+            return exc
+        except Exception as exc:  # a compile worker died
+            return CompileError(f"{type(exc).__name__}: {exc}")
+        # The best so far: stored when this variant was queued, or measured since by this thread
+        # (in queue order, so a seeded search stops the same variants early every time).
+        if self.gpu_best_us is not None:
+            best_us = self.gpu_best_us if best_us is None else min(best_us, self.gpu_best_us)
+        outcome = self.backend.evaluator.evaluate(entry.name, cubin, entry.config.as_dict(), best_us=best_us)
+        if outcome.status == "ok" and outcome.samples_us:
+            measured = statistics.median(outcome.samples_us)
+            self.gpu_best_us = measured if self.gpu_best_us is None else min(self.gpu_best_us, measured)
+        return outcome
+
+    def _record(self, entry: _Pending, outcome) -> TrialRecord:
+        base = dict(family=self.problem.family, dtype=self.problem.dtype, shape_key=self.problem.shape_key,
+                    kernel_name=entry.name, params=entry.config.as_dict(),
+                    source_hash=source_hash(entry.source), compile_options=self.compile_options,
+                    cache_mode=self.options.cache_mode)
+        if isinstance(outcome, CompileError):
+            record = TrialRecord(status="failed", reason=f"compile: {outcome}", **base)
+        else:
+            self.counts.evaluated.append(entry.name)
+            record = trial_from_outcome(outcome, base)
+        if record.status == "ok":
+            self.counts.measured += 1
+        else:
+            self.counts.failed += 1
+        # Stored at once, with its claim marked done: an interrupted run loses at most the trials
+        # in flight, and their claims are given back (or lapse).
+        return self.db.complete_claim(self.device, record, entry.variant, self.owner)
+
+    def _report(self, record: TrialRecord) -> None:
+        done = self.counts.measured + self.counts.failed
+        best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
+        stored = sum(1 for t in self.stored.values() if t.status != "rejected")
+        ok = record.status == "ok"
+        self.progress(TrialDone(str(self.problem), done, stored, self.options.trials, record.kernel_name,
+                                record.time_us if ok else None, best, "" if ok else record.reason))
+
+    def _unmeasured(self, points: list[dict]) -> int:
+        configs = (self.family.space.check(p) for p in points)
+        return sum(1 for c in configs if self.family.kernel_name(self.problem.dtype, c, self.problem.traits) not in self.stored
+                   and not self.family.reject_reason(self.problem, c))
+
+
+def _body_hash(source: str, kernel_name: str) -> str:
+    # Two configs that render the same code under different names (and comments) are one variant.
+    code = re.sub(r"//[^\n]*", "", source.replace(kernel_name, "KERNEL"))
+    return source_hash(code)
+

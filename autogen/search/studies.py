@@ -1,0 +1,453 @@
+"""Optuna studies kept in the tuning database, shared by every worker that tunes the same problem.
+
+A study lives in Optuna's RDB storage on the same database URL as autogen's own tables (Optuna's
+tables are not prefixed ``autogen_``, so the two never collide), named after what makes its
+measurements comparable: family, dtype, shape, cache mode and GPU model. Every process tuning
+that problem on that GPU model, on this machine or another one, opens the same study, so each
+sampler sees every trial. What keeps a variant from being measured twice, and the trial budget
+global, is autogen's claim table (TuningDB.claim); the Heartbeat below keeps a worker's claims
+alive, and a worker that stops beating (killed, machine lost) loses them after the lease: the
+others take its variants over (autogen.search.loop). Optuna's own trial heartbeat is not used: only
+finished trials are written to the shared study (see SharedStudy), so none is ever left RUNNING.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import optuna
+from sqlalchemy import event
+from optuna.trial import TrialState
+from sqlalchemy.engine import make_url
+from tuning_db import TuningDB
+
+from autogen.core.problem import Problem
+from autogen.core.space import Space
+
+log = logging.getLogger("autogen.search.studies")
+
+
+SQLITE_TIMEOUT_S = 30.0
+STORAGE_ATTEMPTS = 5  # workers starting together race to create Optuna's tables: retried
+
+
+@dataclass(frozen=True)
+class Lease:
+    """How long a worker's claims survive without a heartbeat; it beats six times per lease.
+    A killed worker's variant is taken over at most ``lease_s`` + one poll (``heartbeat_s`` / 2)
+    after its last beat."""
+
+    lease_s: float = 60.0
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.lease_s / 6
+
+
+def study_name(problem: Problem, cache_mode: str, device, space: Space) -> str:
+    """One study per (family, dtype, shape, cache mode, GPU model, search space): identical GPUs
+    share it. The space's parameters and choices are in the name because Optuna refuses trials
+    whose distributions differ from a study's earlier ones: a new autogen whose family gained or
+    lost a choice opens a new study (the stored trials that fit its space are told to it)."""
+    return (f"autogen:{problem.family}:{problem.dtype}:{problem.shape_key}:{cache_mode}:"
+            f"{device.name}:cc{device.compute_capability}:space-{space.digest()}")
+
+
+def new_owner(label: str = "") -> str:
+    """A worker's identity in claims: host, process, GPU and a random tag (unique per loop)."""
+    host = socket.gethostname()[:48]
+    return f"{host}:{os.getpid()}:{label or 'gpu'}:{secrets.token_hex(4)}"[:128]
+
+
+_storages: dict[tuple, optuna.storages.BaseStorage] = {}
+_storages_lock = threading.Lock()
+
+
+def storage(url: str) -> optuna.storages.BaseStorage:
+    """Optuna's storage on ``url`` (one per process and URL); an in-memory SQLite URL, which no
+    other process can see, gets Optuna's in-memory storage."""
+    with _storages_lock:
+        if url not in _storages:
+            _storages[url] = _open_storage(url)
+        return _storages[url]
+
+
+def open_storage_soon(url: str) -> None:
+    """Open Optuna's storage on ``url`` (storage()) on a daemon thread, so that it overlaps what
+    the caller waits for (the GPU worker's CUDA context). On a new database that takes ~0.4 s of
+    the search's start: Optuna creates its tables and loads its alembic scripts. A failure here
+    is left for the search's own storage() call to raise."""
+    def open_() -> None:
+        try:
+            storage(url)
+        except Exception:
+            pass
+
+    threading.Thread(target=open_, name="autogen-optuna-storage", daemon=True).start()
+
+
+def _open_storage(url: str) -> optuna.storages.BaseStorage:
+    parsed = make_url(url)
+    sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite and (parsed.database or "") in ("", ":memory:"):
+        return optuna.storages.InMemoryStorage()
+    engine_kwargs: dict = {"pool_pre_ping": True}
+    if sqlite:
+        # The driver must not begin transactions itself: SQLAlchemy's begin event below emits
+        # BEGIN IMMEDIATE, so processes queue for the write lock (busy timeout) instead of
+        # failing on a stale snapshot, as tuning_db's own engine does.
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S, "isolation_level": None}
+    last: Exception | None = None
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            break
+        except Exception as exc:  # two workers creating Optuna's tables at once: one loses
+            last = exc
+            threading.Event().wait(0.2 * (attempt + 1) + secrets.randbelow(100) / 1000)
+    else:
+        raise last  # type: ignore[misc]
+    if sqlite:
+        rdb.engine.dispose()  # connections made from now on get the settings below
+
+        @event.listens_for(rdb.engine, "connect")
+        def configure(dbapi_connection, _record) -> None:
+            dbapi_connection.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints
+
+        @event.listens_for(rdb.engine, "begin")
+        def begin(connection) -> None:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+    return rdb
+
+
+def open_study(db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, attrs: dict) -> optuna.Study:
+    """The shared study ``name`` (created if missing) with this worker's sampler; ``attrs`` are
+    stored as the study's user attributes (what optuna-dashboard shows beside its name)."""
+    shared = storage(db.url)
+    for attempt in range(STORAGE_ATTEMPTS):
+        try:
+            study = optuna.create_study(storage=shared, study_name=name, sampler=sampler,
+                                        direction="minimize", load_if_exists=True)
+            break
+        except (optuna.exceptions.DuplicatedStudyError, optuna.exceptions.StorageInternalError):
+            if attempt == STORAGE_ATTEMPTS - 1:
+                raise
+            threading.Event().wait(0.1 * (attempt + 1))
+    known = study.user_attrs
+    for key, value in attrs.items():
+        if known.get(key) != value:
+            study.set_user_attr(key, value)
+    return study
+
+
+# How often a worker's writer thread adds its measured variants to the shared study (seconds);
+# the other workers read it every autogen.search.loop.REFRESH_S.
+FLUSH_S = 0.5
+
+
+class StudyWriteError(Exception):
+    """A batch of ``trials`` finished trials could not be added to the shared study."""
+
+    def __init__(self, trials: int, cause: Exception):
+        super().__init__(f"{trials} trial(s): {type(cause).__name__}: {cause}")
+        self.trials = trials
+
+
+def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, check_params: bool = True) -> None:
+    """Add finished trials (optuna.trial.create_trial templates: params, values, user attrs) to
+    an RDB study in one transaction of a few statements, the rows Optuna's add_trial writes.
+
+    Optuna's RDBStorage.create_new_trial takes a transaction and ~35 ORM statements per trial
+    of seven parameters (each parameter is read back and checked against the study's earlier
+    ones). Here the study row is locked as Optuna locks it for a new trial (SQLite: the write
+    lock of BEGIN IMMEDIATE; PostgreSQL: SELECT ... FOR UPDATE), so each trial's number is the
+    count of the study's trials before it, as Optuna's count_past_trials gives; the rows
+    below a trial (value, params, user attributes) go in one executemany per table. The parameters'
+    distributions are compared with the study's stored ones (``check_params``; ValueError
+    when they differ, as Optuna raises), which a caller writing the same space again skips."""
+    from optuna.distributions import check_distribution_compatibility, distribution_to_json, json_to_distribution
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from sqlalchemy import func, insert, select
+
+    for template in templates:
+        if template.state != TrialState.COMPLETE or template.values is None or len(template.values) != 1:
+            raise ValueError("add_trials writes finished single-objective trials only")
+        if template.system_attrs or template.intermediate_values:
+            raise ValueError("add_trials writes no system attributes or intermediate values")
+    with _create_scoped_session(rdb.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        templates = _new_kernels(session, study_id, templates)
+        if not templates:
+            return
+        if check_params:
+            names = sorted({name for t in templates for name in t.params})
+            stored = session.execute(
+                select(models.TrialParamModel.param_name, func.min(models.TrialParamModel.distribution_json))
+                .join(models.TrialModel, models.TrialParamModel.trial_id == models.TrialModel.trial_id)
+                .where(models.TrialModel.study_id == study_id, models.TrialParamModel.param_name.in_(names))
+                .group_by(models.TrialParamModel.param_name)).all()
+            previous = {name: json_to_distribution(text) for name, text in stored}
+            for template in templates:
+                for name, distribution in template.distributions.items():
+                    if name in previous:
+                        check_distribution_compatibility(previous[name], distribution)
+        past = session.scalar(select(func.count(models.TrialModel.trial_id))
+                              .where(models.TrialModel.study_id == study_id))
+        # Inserted in this order under the study's lock, so ids rise with the numbers.
+        rows = [models.TrialModel(study_id=study_id, number=past + i, state=template.state,
+                                  datetime_start=template.datetime_start,
+                                  datetime_complete=template.datetime_complete)
+                for i, template in enumerate(templates)]
+        session.add_all(rows)
+        session.flush()  # the trial ids (one INSERT per trial)
+        values, params, attrs = [], [], []
+        for row, template in zip(rows, templates):
+            value, value_type = models.TrialValueModel.value_to_stored_repr(template.value)
+            values.append({"trial_id": row.trial_id, "objective": 0, "value": value, "value_type": value_type})
+            for name, param in template.params.items():
+                distribution = template.distributions[name]
+                params.append({"trial_id": row.trial_id, "param_name": name,
+                               "param_value": distribution.to_internal_repr(param),
+                               "distribution_json": distribution_to_json(distribution)})
+            attrs.extend({"trial_id": row.trial_id, "key": key, "value_json": json.dumps(attr)}
+                         for key, attr in template.user_attrs.items())
+        for model, batch in ((models.TrialValueModel, values), (models.TrialParamModel, params),
+                             (models.TrialUserAttributeModel, attrs)):
+            if batch:  # one executemany per table
+                session.execute(insert(model.__table__), batch)
+
+
+def _new_kernels(session, study_id: int, templates: list) -> list:
+    """The templates whose variant (user attribute "kernel") the study does not hold yet. Two
+    workers may add one variant: its measurer, whose write waits for its batch, and a worker that
+    started meanwhile and found it in autogen's tables (SharedStudy.add_known). Read under the
+    study's lock, so whichever comes second adds nothing."""
+    from optuna.storages._rdb import models
+    from sqlalchemy import select
+
+    names = {json.dumps(t.user_attrs["kernel"]) for t in templates if "kernel" in t.user_attrs}
+    if not names:
+        return templates
+    held = set(session.scalars(
+        select(models.TrialUserAttributeModel.value_json)
+        .join(models.TrialModel, models.TrialUserAttributeModel.trial_id == models.TrialModel.trial_id)
+        .where(models.TrialModel.study_id == study_id, models.TrialUserAttributeModel.key == "kernel",
+               models.TrialUserAttributeModel.value_json.in_(names))))
+    return [t for t in templates if "kernel" not in t.user_attrs or json.dumps(t.user_attrs["kernel"]) not in held]
+
+
+class SharedStudy:
+    """A worker's view of a shared study: its sampler runs on a local in-memory mirror.
+
+    Optuna's RDB storage costs a transaction per suggested parameter (~40 ms per ask on SQLite
+    here), which would leave the GPU idle, and most asks are rejected (invalid for the shape) or
+    duplicates that other workers need not see. So the sampler asks and is told locally; each
+    variant this worker measures is added to the shared study as a finished trial, from a
+    background thread, off the GPU's critical path. ``refresh`` pulls into the mirror the other
+    workers' finished trials and, from autogen's claims, the variants they are measuring now
+    (RUNNING, which TPE's constant liar counts), so every sampler sees every trial.
+
+    The shared study itself is opened on that thread too: Optuna's storage on a new database
+    (its tables, its Alembic stamp) took 0.35-0.45 s on the H200 host, while the GPU waited for
+    the search's first variant. The mirror needs none of it to start: what this problem's
+    earlier runs measured comes from autogen's tables (add_known), and the other workers'
+    trials arrive with the first refresh after the opening."""
+
+    def __init__(self, db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, attrs: dict,
+                 dists: dict, owner: str, problem_key: tuple, complete: Callable[[dict], dict] = dict):
+        self.db, self.dists, self.owner = db, dists, owner
+        # The family's Space.complete: a trial or claim of an older autogen, from before a parameter
+        # was added, is mirrored with that parameter's old behaviour, so TPE (which fits only the
+        # trials holding every parameter of its space) still learns from it.
+        self.complete = complete
+        self.problem_key = problem_key  # (device, family, dtype, shape key, cache mode): its claims
+        self.local = optuna.create_study(direction="minimize", sampler=sampler)
+        self._mirrored: set[int] = set()  # shared trial ids in the mirror
+        self._known: set[str] = set()  # kernels in the mirror: from autogen's tables, or measured here
+        self._running: dict[str, int] = {}  # others' claimed variants -> their RUNNING local trial
+        self._last_refresh = -math.inf
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-study")
+        # The writer's first task: every later one (writes, add_known's, add_missing's) finds it done.
+        self._opened = self._writer.submit(open_study, db, name, optuna.samplers.RandomSampler(), attrs)
+        self._writes: list[concurrent.futures.Future] = []
+        # Measured variants waiting for the writer, written together (see record).
+        self._queue: list[optuna.trial.FrozenTrial] = []
+        self._queue_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._last_flush = -math.inf
+        self._checked_params = False  # the stored distributions of the params were compared once
+
+    @property
+    def shared(self) -> optuna.Study:
+        """The shared study, once open (waits for it; raises what opening it raised)."""
+        return self._opened.result()
+
+    def refresh(self, min_interval_s: float = 0.0, wait: bool = True) -> None:
+        """Mirror the other workers' finished trials and running claims. ``wait``: for the shared
+        study to be open (else its trials wait for a later refresh; a failure to open it is
+        raised as soon as it is known either way)."""
+        now = time.monotonic()
+        if now - self._last_refresh < min_interval_s:
+            return
+        self._last_refresh = now
+        if wait or self._opened.done():
+            self._mirror_finished()
+        self._mirror_running()
+
+    def _mirror_finished(self) -> None:
+        storage_, study_id = self.local._storage, self.local._study_id
+        for trial in self.shared.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if trial._trial_id in self._mirrored or trial.user_attrs.get("worker") == self.owner:
+                continue
+            self._mirrored.add(trial._trial_id)
+            if trial.user_attrs.get("kernel") in self._known:
+                continue  # in the mirror already (from autogen's tables, or measured here)
+            params = self.complete(trial.params)
+            dists = {name: trial.distributions.get(name) or self.dists[name] for name in params}
+            storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+                params=params, distributions=dists, value=trial.value))
+
+    def _mirror_running(self) -> None:
+        storage_, study_id = self.local._storage, self.local._study_id
+        live = {c.variant: c for c in self.db.claims(*self.problem_key, running=True)
+                if c.owner != self.owner and c.expires_in_s > 0 and c.params is not None}
+        for variant, local in list(self._running.items()):
+            if variant not in live:  # measured (its finished trial arrives above) or abandoned
+                storage_.set_trial_state_values(local, TrialState.FAIL)
+                del self._running[variant]
+        for variant, claim in live.items():
+            params = self.complete(claim.params)
+            if variant in self._running or set(params) != set(self.dists):
+                continue
+            try:
+                template = optuna.trial.create_trial(state=TrialState.RUNNING, params=params,
+                                                     distributions=self.dists)
+            except ValueError:  # params outside this space (another autogen version)
+                continue
+            self._running[variant] = storage_.create_new_trial(study_id, template_trial=template)
+
+    def record(self, params: dict, dists: dict, value: float, user_attrs: dict) -> None:
+        """Add a measured variant to the shared study (in the background, in order).
+
+        The writer thread writes what is queued in one transaction, at most every FLUSH_S: an
+        Optuna add_trial costs ~35 statements (a query per parameter) and took the GIL and the
+        write lock from the search loop's claims once per trial. What a killed worker had queued
+        is added by whoever takes its claims over (add_missing), or by the next run (add_known):
+        autogen's tables, not the study, hold the measurements."""
+        template = optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                             user_attrs={**user_attrs, "worker": self.owner})
+        if "kernel" in user_attrs:
+            self._known.add(user_attrs["kernel"])
+        with self._queue_lock:
+            self._queue.append(template)
+            if len(self._queue) > 1:
+                return  # a flush is submitted already and has not taken the queue yet
+        self._writes.append(self._writer.submit(self._flush))
+
+    def _flush(self) -> None:
+        self._closing.wait(self._last_flush + FLUSH_S - time.monotonic())  # close() cuts the wait short
+        with self._queue_lock:
+            batch, self._queue = self._queue, []
+        self._last_flush = time.monotonic()
+        if batch:
+            try:
+                self._add_trials(batch)
+            except Exception as exc:
+                raise StudyWriteError(len(batch), exc) from exc
+
+    def _add_trials(self, templates: list) -> None:
+        """Add finished trials to the shared study in one transaction."""
+        backend = getattr(self.shared._storage, "_backend", self.shared._storage)
+        if not isinstance(backend, optuna.storages.RDBStorage):
+            for template in templates:  # Optuna's in-memory storage (an in-memory database URL)
+                self.shared.add_trial(template)
+            return
+        add_trials(backend, self.shared._study_id, templates, check_params=not self._checked_params)
+        self._checked_params = True
+
+    def wait_open(self) -> None:
+        """Wait for the shared study to be open; raise what opening it raised."""
+        self._opened.result()
+
+    def close(self) -> int:
+        """Wait for the background writes; returns how many trials could not be written (each
+        failure is logged)."""
+        self._closing.set()
+        self._writer.shutdown(wait=True)
+        failed = 0
+        for future in self._writes:
+            exc = future.exception()
+            if exc is not None:
+                failed += exc.trials if isinstance(exc, StudyWriteError) else 1
+                log.warning("a trial could not be added to the shared study: %s", exc)
+        return failed
+
+    def add_missing(self, measured: dict[str, tuple[dict, float]], attrs: dict) -> None:
+        """Add (in the background, after this worker's own writes) the measured variants the
+        shared study lacks: a killed worker's last trials, stored in autogen's tables but not yet
+        written to the study when it died."""
+        self._add_lacking(measured, self.dists, attrs)
+
+    def add_known(self, measured: dict[str, tuple[dict, float]], dists: dict) -> None:
+        """Mirror what autogen's tables hold of this problem (kernel -> (params, value), every
+        run's and worker's), and tell the shared study, in the background, those it does not know
+        yet (measured before studies were shared, or by an older autogen)."""
+        storage_, study_id = self.local._storage, self.local._study_id
+        for name, (params, value) in measured.items():
+            storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+                params=params, distributions=dists, value=value))
+            self._known.add(name)
+        self._add_lacking(measured, dists, {})
+
+    def _add_lacking(self, measured: dict[str, tuple[dict, float]], dists: dict, attrs: dict) -> None:
+        """On the writer thread: add to the shared study the variants of ``measured`` it lacks."""
+        def add() -> None:
+            have = {t.user_attrs.get("kernel") for t in self.shared.get_trials(deepcopy=False)}
+            missing = [optuna.trial.create_trial(params=params, distributions=dists, value=value,
+                                                 user_attrs={"kernel": name, **attrs})
+                       for name, (params, value) in measured.items() if name not in have]
+            if missing:
+                self._add_trials(missing)
+        self._writes.append(self._writer.submit(add))
+
+
+class Heartbeat:
+    """A thread that extends this worker's claims every ``lease.heartbeat_s`` seconds. A beat
+    that fails (the database away for a moment) is retried at the next one; the lease is
+    several beats long."""
+
+    def __init__(self, db: TuningDB, owner: str, lease: Lease):
+        self.db, self.owner, self.lease = db, owner, lease
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat {owner}", daemon=True)
+        self.beats = 0
+
+    def beat(self) -> None:
+        self.db.renew_claims(self.owner, self.lease.lease_s)
+        self.beats += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease.heartbeat_s):
+            try:
+                self.beat()
+            except Exception as exc:  # retried at the next beat
+                log.warning("heartbeat of %s failed: %s", self.owner, exc)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
