@@ -259,8 +259,8 @@ class SharedStudy:
     (RUNNING, which TPE's constant liar counts), so every sampler sees every trial.
 
     The shared study itself is opened on that thread too: Optuna's storage on a new database
-    (its tables, its Alembic stamp) took 0.35-0.45 s on the H200 host, while the GPU waited for
-    the search's first variant. The mirror needs none of it to start: what this problem's
+    (its tables, its Alembic stamp) held up the search's first variant while the GPU waited
+    (docs/history/sessions.md, eleventh session). The mirror needs none of it to start: what this problem's
     earlier runs measured comes from autogen's tables (add_known), and the other workers'
     trials arrive with the first refresh after the opening."""
 
