@@ -16,14 +16,11 @@ pool) is timed there too: the speedups over torch are taken between the two in t
 the same method. Both recycle the results where they fit in L2 (2^20): torch's graphs two or three
 buffers from their pool, the tuner three (autogen.gpu.measure.RECYCLED_RESULTS).
 
-Budget: 27 problems (18 gelu, 9 bias_mask_scale_add), each a tune plus the torch peers. From the
-last H200 run (docs/results/bench_elementwise_h200.json, 4 trials): per problem ~0.8 s start-up,
-~5 s finishing (re-timing the winner, ~3 s of it the family peer in CuPy's graphs), 0.1-1 s for
-the torch peers once Inductor has compiled (the first problem of each family, form and dtype
-pays torch.compile: 1-15 s warm, more with a cold Inductor cache), and ~0.2-0.6 s per measured
-trial (NVRTC and the cold timing; the 2^28 trials the longest). --trials 12: ~11-13 s a problem,
-~300-350 s for all 27 plus torch.compile's first compiles, so about 420 s is the expected total;
---budget 420 makes sure of it (each problem's search gets an even share of what is left, less
+Budget: 27 problems (18 gelu, 9 bias_mask_scale_add), each a tune plus the torch peers: start-up,
+the searched trials (NVRTC and the cold timing; the 2^28 trials the longest), the finish (re-timing
+the winner and the family peer) and the torch peers, the first problem of each family, form and
+dtype paying torch.compile's compile (the parts' times in a run: docs/history/sessions.md). With
+--trials 12 about 420 s is the expected total; --budget 420 makes sure of it (each problem's search gets an even share of what is left, less
 FIXED_S). --only and --sizes split it; --no-compile skips Inductor (what to drop first if
 torch.compile's cold compiles dominate).
 

@@ -1,7 +1,8 @@
 """A dispatched call on a cache hit imports nothing and converts its scalars once.
 
-Found twice on the H100: a function-level import on the hot path (flat_operand, stream_workspace)
-cost ~0.4 us per call each, and NumPy scalars built per launch are converted again by CuPy. Here
+Found twice: a function-level import on the hot path (flat_operand, stream_workspace) cost a
+measurable share of every call, and NumPy scalars built per launch are converted again by CuPy
+(docs/history/sessions.md, 2026-11-22). Here
 every family's Python call runs its real bind, lookup and plan against stand-in CuPy arrays (no
 GPU), with a launch that records its arguments."""
 

@@ -584,7 +584,7 @@ def _leave_an_object_to_finalise(path):
 
 def test_compile_workers_leave_without_finalising_the_interpreter(tmp_path):
     # Shutting the pool down waits for its processes; finalising CuPy and NumPy in each of them
-    # took 0.4 s at the end of every tune on the H100 host, for nothing to clean up.
+    # made every tune wait, for nothing to clean up (docs/history/sessions.md, eighth session).
     from autogen.gpu.backend import _new_pool
 
     marker = tmp_path / "finalised"

@@ -379,7 +379,7 @@ def test_half2_renders_only_for_half_types():
 
 
 def test_cache_policies_render_their_load_instructions():
-    # No streaming (.cs) accesses: they lost on the H100 in torch's graphs (docs/families/elementwise.md);
+    # No streaming (.cs) accesses: they lost in torch's graphs (docs/families/elementwise.md);
     # last is Inductor's evict_last loads with plain stores. The instructions as inline PTX opens them.
     sources = {cache: render(FAMILY, "float16", config(loop="one_pass", cache=cache)) for cache in ("ldg", "last")}
     assert '"ld.global.L1::evict_last' in sources["last"] and "{ return load_last(" in sources["last"]

@@ -849,7 +849,7 @@ def test_long_rows_of_one_vector_also_seed_the_long_row_config():
 def test_an_output_below_fp16s_smallest_normal_passes_when_correctly_rounded():
     # 1 x 1: y = 1.5 a x of two small inputs lands among fp16's subnormals, stored with a fixed
     # spacing of 2^-24. Rounded correctly it was still off by more than the tolerance of itself
-    # (H100, session 8: 1.26e-3 > 1e-3); the magnitude's floor (the smallest normal) admits it.
+    # (1.26e-3 > 1e-3: docs/families/hgemv.md, Validation); the magnitude's floor (the smallest normal) admits it.
     problem = FAMILY.problem("float16", m=1, n=1, batch=1)
     case = FAMILY.validation_cases(problem)[0]
     inputs = FAMILY.make_inputs(problem, np, np.random.default_rng(0), case)

@@ -157,7 +157,7 @@ def test_seeds_split_k_where_128x128_tiles_leave_the_gpu_under_one_wave():
     assert seeds[0]["split_k"] == 2 and seeds[0]["store_width"] == 4 and seeds[0]["min_blocks"] == 2
     assert all(FAMILY.tiles(tall, c) * c["split_k"] >= sm_count() for c in seeds)
     assert names(FAMILY.seed_configs(problem(12288, 128, 4096)))[0] == names(seeds)[0]
-    # The same tiles split deeper (4 blocks per SM: split 8 won this shape on the H100), second.
+    # The same tiles split deeper (4 blocks per SM: split 8 won this shape, docs/benchmarks.md), second.
     assert seeds[1]["split_k"] == 8 and {**seeds[1].as_dict(), "split_k": 2} == seeds[0].as_dict()
     assert any(c["fma_order"] == "ji" for c in seeds)
     cube = problem(1024, 1024, 1024)  # 64 tiles: split 4 fills 256 blocks

@@ -248,8 +248,8 @@ def test_the_tuner_reports_the_winner_actually_stored(db_url, monkeypatch):
 def test_the_retimed_finalists_tie_only_within_the_timing_noise():
     from autogen.search.winner import pick_winner
 
-    # gelu bf16 2^28 on the H100 (2026-11-26): the evict_last variant 0.6% ahead is no tie; it
-    # used to lose to the 128-thread ldg variant's smaller name under a 1% rule.
+    # gelu bf16 2^28 (docs/history/sessions.md, "The tie rule"): the evict_last variant ahead by
+    # more than the tie fraction is no tie; it used to lose to the ldg variant's smaller name.
     last = trial("gelu_bf16_vw8_ept16_bs256_lone_pass_mfloat_eerff_clast", 354.17, spread_us=1.2)
     ldg = trial("gelu_bf16_vw8_ept16_bs128_lone_pass_mhalf2_eerff_cldg", 356.71, spread_us=1.06)
     chosen, margin = pick_winner([ldg, last])

@@ -40,7 +40,7 @@ SQLITE_PRAGMAS = (
 )
 BEGIN_OPTION = "autogen_sqlite_begin"  # execution option: "DEFERRED" (default) or "IMMEDIATE"
 # Dialects whose INSERT ... ON CONFLICT the upserts use; each imported on first use (PostgreSQL's
-# brings asyncio and asyncpg's dialect: ~40 ms of every start-up on a fast CPU, for SQLite users).
+# brings asyncio and asyncpg's dialect: a cost on every start-up that SQLite users need not pay).
 _UPSERT_DIALECTS = ("sqlite", "postgresql")
 UPGRADE_HINT = "run `autogen db upgrade`"
 

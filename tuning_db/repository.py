@@ -709,10 +709,9 @@ def _same_problem(model, device: DeviceIdentity, family: str, dtype: str, shape_
 # -- the statements of every measured variant, built once ----------------------------------------
 #
 # A variant's claim and its completion are about ten statements in two transactions. Built per
-# call, through the ORM, the two took 13 ms per variant on the development machine, mostly
-# SQLAlchemy building statements and their cache keys (0.8 s of a 60-trial cold `autogen tune` on
-# an H100 host, on the thread that asks, claims and stores). Built once, with bound parameters,
-# and run on the session's connection: 2-2.7 ms.
+# call, through the ORM, the two cost mostly SQLAlchemy building statements and their cache keys,
+# on the thread that asks, claims and stores. Built once, with bound parameters, and run on the
+# session's connection, they cost a fraction of that (docs/history/sessions.md, eleventh session).
 
 PROBLEM_COLUMNS = ("gpu_id", "family", "dtype", "shape_key", "cache_mode")
 

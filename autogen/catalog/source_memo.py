@@ -1,9 +1,9 @@
 """The hash of a variant's rendered source, remembered between commands.
 
 The stale check of a stored winner (autogen.catalog.environment) compares the hash of its source as this
-autogen renders it with the hash stored with its timing. Rendering takes Jinja2: its import and
-the template's loading were 0.15-0.2 s of the 1.2-1.7 s `autogen tune` answered from the database
-on the H100 host. The hash is a function of the rendering code and templates and of the variant,
+autogen renders it with the hash stored with its timing. Rendering takes Jinja2, whose import and
+the template's loading were a noticeable share of `autogen tune` answered from the database
+(docs/history/sessions.md, tenth session). The hash is a function of the rendering code and templates and of the variant,
 so it is kept under a fingerprint of everything a rendering reads:
   * every autogen module (a family's template_vars and the shared pieces they call);
   * the family's own module and the Python files beside it (a user's family), and every template

@@ -215,8 +215,8 @@ def _named_family(argv: list[str]):
 
 
 # Commands that ask the GPU's driver for the device (tune and bench, cold or answered from the
-# database): its initialisation (cuInit, about 0.4 s), CuPy's import and NVRTC's loading are
-# started first, on a thread.
+# database): its initialisation (cuInit, a large share of a warm command), CuPy's import and
+# NVRTC's loading are started first, on a thread.
 GPU_COMMANDS = ("tune", "bench")
 
 
@@ -224,8 +224,8 @@ def _start_gpu_preparation() -> None:
     """cuInit, then `import cupy` and NVRTC's loading, on a daemon thread, while the main thread
     imports the tuner and the database layers: ctypes releases the GIL while the driver
     initialises, and an import or a library search releases it while it reads the disk (on a
-    machine just started, CuPy's import took 1.0 s of the main thread, 0.25 s once its files were
-    cached). The command's own checks come later and find them done. Where autogen.gpu.stack_record
+    machine just started CuPy's import is several times slower than once its files are cached;
+    docs/history/sessions.md, eighth session). The command's own checks come later and find them done. Where autogen.gpu.stack_record
     holds, the main process needs no CuPy to name the GPU (its GPU worker imports its own), so
     none is imported. Where there is no driver or no CuPy nothing happens here: the command says so."""
     import ctypes
@@ -239,8 +239,8 @@ def _start_gpu_preparation() -> None:
                 return
             import cupy  # noqa: F401
             # CuPy loads NVRTC on first use, after searching the disk for it (cuda.pathfinder's
-            # search: up to 0.7 s in a profile of the warm command on the H100 host); the
-            # device's identity names NVRTC's version.
+            # search, a large share of the warm command: docs/history/sessions.md, ninth
+            # session); the device's identity names NVRTC's version.
             from autogen.gpu.compile import nvrtc_version
             nvrtc_version()
         except Exception:
@@ -294,7 +294,7 @@ def _help_command(argv: list[str], family) -> str:
 def entry() -> None:
     """The `autogen` command (and `python -m autogen`): main(), then leave at once. By then every
     result is committed and every output written; the interpreter's own teardown after a tune
-    (modules, CuPy, SQLAlchemy's pools) took 0.3 s of a 5 s command on the H100 host.
+    (modules, CuPy, SQLAlchemy's pools) is time the user waits for nothing.
 
     A reader of stdout that went away (`autogen list --json | head`) ends the command quietly:
     what is left unwritten is dropped (os._exit flushes nothing), no traceback is printed."""

@@ -110,9 +110,8 @@ class Family:
     # validated on the host: inputs made and the float64 reference computed with NumPy, uploaded
     # for the launch, the outputs read back (autogen.gpu.measure.checks_on_host). 0: always on the GPU,
     # for a family whose cases read views into larger buffers (an upload would align them) or
-    # whose reference is slow in NumPy. The default's measure (H100 host, one variant): the host
-    # takes 12 ms at 1 MiB (sgemv 16384x16), 24 ms at 2 MiB, 95 ms at 8 MiB (softmax 1024x1024);
-    # the GPU 1.4-2.7 ms once CuPy's kernels are compiled (0.1-4.7 s for the first check).
+    # whose reference is slow in NumPy. The default is where a host check stops being cheaper than
+    # the GPU's once CuPy's kernels are compiled (docs/internals.md, "How a variant is judged").
     host_check_bytes: int = 2 << 20
     # True when `bind` only checks and arranges the call's operands (no GPU work, no scratch memory
     # made per call, nothing that depends on the data): the dispatcher may then serve a repeat of

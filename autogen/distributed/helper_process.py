@@ -1,10 +1,9 @@
 """A GPU helping to search a problem that another GPU owns, in a process of its own.
 
 Why a process and not a thread: the search loop's host work (Optuna's asks, the claims, the
-stores) is Python and holds the GIL. A 1-GPU sgemv search is host-bound already (on an H200,
-240 trials: asks, claims and stores took 3.8 s of its 8.0 s search while the GPU evaluated 5.0 s
-overlapped), so a second loop as a thread of the same process only splits that host time between
-two GPUs (measured: asks 4.5 s, claims 2.3 s, each GPU evaluating 2.5 s; 0.69x of one GPU). In
+stores) is Python and holds the GIL. A 1-GPU sgemv search is host-bound already, so a second
+loop as a thread of the same process only splits that host time between two GPUs, and two GPUs
+ran slower than one (docs/distributed.md, "a helper process per GPU"). In
 a process of its own the helper's loop has its own interpreter, as a worker on another machine
 has, and cooperates with the owner only through the tuning database: claims, the global trial
 budget and the shared Optuna study (autogen.search.loop, autogen.search.studies).

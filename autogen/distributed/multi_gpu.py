@@ -83,9 +83,9 @@ def resolve_gpus(gpus, count: int) -> tuple[int, ...] | None:
 
 
 # A GPU left without a problem joins one being searched only while at least this many of its
-# trials are neither stored nor claimed. A 1-GPU sgemv search measures about 30 trials a second
-# (240 in 8 s on an H200) and a helper process takes a couple of seconds to start: with fewer
-# trials left, the owner alone is done about when the helper would begin.
+# trials are neither stored nor claimed. A 1-GPU sgemv search measures this many in about the
+# time a helper process takes to start (docs/distributed.md): with fewer trials left, the owner
+# alone is done about when the helper would begin.
 HELP_MIN_TRIALS_LEFT = 60
 
 

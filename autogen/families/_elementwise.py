@@ -38,7 +38,7 @@ from autogen.core.space import Param, Space
 # element); fp16x2 arithmetic with tanh.approx.f16x2 ~3e-4 (simulated): 1e-3 leaves 3x. bfloat16:
 # rounding the output gives ~1.3e-3 to 1.8e-3 over many elements (2^-8 at most per element), bf16x2
 # arithmetic ~1.9e-3 (the scale rounded to bf16 included); but on one element (n = 1) the several
-# bf16 roundings of the packed path reached 5.6e-3 on the H200, so 1e-2 (the bound METHOD.md gives
+# bf16 roundings of the packed path reached 5.6e-3 on the GPU, so 1e-2 (the bound METHOD.md gives
 # for bf16 operands). A wrong bias index, mask or tail is an error of order 1. Outputs below the
 # half type's smallest normal round to more than 2^-11 / 2^-8: validation adds that rounding of
 # the reference on top (measure.judge).
@@ -134,8 +134,8 @@ def make_space(max_ept: int, extra: tuple[Param, ...] = ()) -> Space:
             Param("math", ("float", "half2"), "m",
                   "half types: arithmetic in fp32, or two halves per instruction (fp16x2 / bf16x2)"),
             *extra,
-            # No streaming (evict-first, .cs) policy: on the H100 it was never ahead in torch's graphs
-            # and lost 1.3-2.3% there where the tuner's timing saw a tie (docs/families/elementwise.md).
+            # No streaming (evict-first, .cs) policy: it was never ahead in torch's graphs and lost
+            # there where the tuner's timing saw a tie (docs/families/elementwise.md).
             Param("cache", ("ldg", "last"), "c",
                   "loads through the read-only path and plain stores; or last: loads with an L1 and L2 "
                   "evict_last policy and plain stores, as Inductor's pointwise kernels"),
@@ -152,9 +152,8 @@ SEEDS = 4  # seed configs per problem at most (each is a measured trial of the b
 
 
 # loop=bulk is seeded where the staged inputs hold about what the bulk copies of every resident
-# block keep in flight (H100, 2026-11-26, torch's graphs: gelu fp16 / bf16 at n = 2^24, 32 MiB
-# staged, 1.02x F.gelu in the tanh form and 1.08x in the erf form, where the best sweeps were 1.00x
-# and 1.06x); it lost at 2^20 and 2^28 and with 64 MiB of fp32 (0.94-0.97x).
+# block keep in flight (gelu fp16 / bf16 at n = 2^24, 32 MiB staged, where it beat the best
+# sweeps); it lost at 2^20 and 2^28 and with 64 MiB of fp32 (docs/families/elementwise.md).
 BULK_SEED_BYTES = (8 << 20, 48 << 20)
 
 
@@ -177,20 +176,19 @@ def seed_params(problem: Problem, max_ept: int, packed: bool, staged_bytes: int,
     if problem["n"] <= 2**22:
         # The third: 16 bytes a thread in 512-thread blocks; for 4-byte elements as four single
         # accesses with evict_last. With the results recycled (in L2) these were among the best
-        # gelu 2^20 variants in torch's graphs (H100, 2026-11-26): fp32 1.03x (tanh) and 1.05x
-        # (erf) F.gelu, where the first two seeds were 0.99-1.03x; fp16 / bf16 1.06-1.15x, the
-        # best of 56 in the erf form (evict_last lost about 2% there).
+        # gelu 2^20 variants in torch's graphs, ahead of the first two seeds (fp16 / bf16: plain
+        # loads, evict_last behind there; docs/families/elementwise.md, "Timing with recycled results").
         third = {**one, "block_size": 512}
         if wide == 4:
             third.update(vector_width=1, cache="last")
         seeds = [{**one, "block_size": 128}, {**two, "block_size": 128}, third]
     elif problem["n"] <= 2**26:
-        # The third: one pack per thread in 512-thread blocks, the H100's best fp32 sweep at 2^24
-        # in torch's graphs (2026-11-26, 1.005-1.01x F.gelu).
+        # The third: one pack per thread in 512-thread blocks, the best fp32 sweep at 2^24 in
+        # torch's graphs (docs/history/sessions.md, twelfth session).
         seeds = [{**one, "block_size": 128}, {**two, "block_size": 256}, {**one, "block_size": 512}]
     else:
-        # The third with Inductor's evict_last loads (H100, 2026-11-25/26: 0.5-0.8% ahead at 2^28
-        # in the tuner's graphs, 0.5-1% in torch's).
+        # The third with Inductor's evict_last loads, ahead at 2^28 in both timings
+        # (docs/families/elementwise.md).
         seeds = [{**one, "block_size": 128}, {**two, "block_size": 256}, {**two, "block_size": 256, "cache": "last"}]
     if BULK_SEED_BYTES[0] <= problem["n"] * staged_bytes <= BULK_SEED_BYTES[1]:
         seeds.insert(1, {**two, "block_size": 256, "loop": "bulk"})

@@ -22,8 +22,8 @@ from autogen.families import _elementwise as ew
 X_RANGE = 2.0  # x and addend uniform in [-2, 2), bias in [-0.5, 0.5)
 BIAS_RANGE = 0.5
 
-# The earlier H200 winners (docs/benchmarks.md), seeded after the vendor-like points: fp32 took
-# the scalar path (vw1 ept4 bs256, 106-111% of copy at 2^24 and 2^28), fp16 half2 with 8-byte packs.
+# The earlier H200 winners (docs/history/sessions.md), seeded after the vendor-like points: fp32
+# took the scalar path (vw1 ept4 bs256) at 2^24 and 2^28, fp16 half2 with 8-byte packs.
 EARLIER_WINNERS = {
     "float32": ({"vector_width": 1, "elements_per_thread": 4, "block_size": 256, "loop": "one_pass",
                  "math": "float", "cache": "ldg"},),
@@ -31,10 +31,10 @@ EARLIER_WINNERS = {
               "math": "half2", "cache": "ldg"},),
 }
 
-# What torch.compile (Inductor, autotuned) runs for the fp32 expression on the H100: 256 threads,
-# two scalar loads per input with an L1 and L2 evict_last policy, plain stores (its PTX, read
-# 2026-11-26). The template's config for it was level with it at 2^28 (1.0004x, 31 interleaved
-# rounds), where the searches' ldg winners were 0.99x; searches had not measured it.
+# What torch.compile (Inductor, autotuned) runs for the fp32 expression: 256 threads, two scalar
+# loads per input with an L1 and L2 evict_last policy, plain stores (its PTX). The template's
+# config for it was level with it at 2^28, where the searches' ldg winners were behind, and no
+# search had measured it (docs/families/elementwise.md).
 INDUCTOR_FP32 = {"vector_width": 1, "elements_per_thread": 2, "block_size": 256, "loop": "one_pass",
                  "math": "float", "cache": "last"}
 

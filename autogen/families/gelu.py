@@ -44,9 +44,9 @@ UNIFORM_RANGE = 4.0  # the uniform case (and the timing case): [-4, 4), the curv
 LOGISTIC_P = (1.5954356676677122, 0.07359651217180677, -0.0006316141307717751)
 LOG2E = 1.0 / math.log(2.0)
 
-# Earlier winners (docs/benchmarks.md; H200 unless noted), seeded after the vendor-like points.
+# Earlier winners (docs/history/sessions.md; H200 unless noted), seeded after the vendor-like points.
 EARLIER_WINNERS = {
-    # fp32: the H100's best sweep at 2^24 in torch's graphs (2026-11-26, 1.005-1.010x F.gelu), then H200's
+    # fp32: the H100's best sweep at 2^24 in torch's graphs, then H200's
     "float32": ({"vector_width": 4, "elements_per_thread": 4, "block_size": 512, "loop": "one_pass",
                  "math": "float", "cache": "ldg"},
                 {"vector_width": 4, "elements_per_thread": 8, "block_size": 512, "loop": "one_pass",

@@ -50,7 +50,7 @@ TOLERANCES = {"float16": 1e-3, "bfloat16": 8e-3}
 GUARD = 2.0**-12
 # Below the dtype's smallest normal number, y is stored with a fixed spacing (fp16: 2^-24), not
 # 11 significant bits: a correctly rounded output of 2.4e-5 (1 x 1, the product of two small
-# inputs; H100, session 8) is off by 1.26e-3 of itself. Each element's magnitude therefore counts
+# inputs) is off by 1.26e-3 of itself. Each element's magnitude therefore counts
 # at least the smallest normal (its rounding error is then at most 2^-11 of its magnitude). At
 # |y| ~ 0.1 and above, where the checks catch a dropped or doubled pack, this adds under 0.1%.
 SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126}
@@ -105,10 +105,9 @@ def _values_fit_registers(p) -> str | None:
 
 def _schedule_has_steps(p) -> str | None:
     # With one step per chunk both schedules are the same code; x_path=mma keeps its own schedule
-    # (A's chunk, then the next chunk's x, then the tensor-core steps). Step by step was a one-off
-    # source edit first (H100, batch 1, re-timed interleaved: docs/results/ab_hgemv_step_h100.json):
-    # faster for some configs and shapes (4096 x 14336, tpr128 pw4: 46.2 -> 42.6 us; 4096 x 4096,
-    # tpr256 pw8: 13.07 -> 12.87 us), slower for others, so the search chooses it per shape.
+    # (A's chunk, then the next chunk's x, then the tensor-core steps). Step by step was faster for
+    # some configs and shapes and slower for others, so the search chooses it per shape
+    # (docs/families/hgemv.md, "Why the schedule is a parameter").
     if p["load_schedule"] == "step" and (p["unroll"] == 1 or p["x_path"] == "mma"):
         return "load_schedule=step needs unroll >= 2 and x_path ldg or smem"
     return None
@@ -293,8 +292,8 @@ class Hgemv(Family):
         cores (x_path=mma): one 16-row tile per row group of warps splitting the columns, 4 steps
         of 32 columns in flight; the CUDA-core form spends 8 FMAs and 8 conversions per weight at
         batch 8 and needed 146-168 registers. On rows of >= 512 columns the group is 8 warps:
-        4096 rows are only 256 tiles, and 8 warps per tile ran 4096 x 4096 at batch 2, 4 and 8 in
-        14.9-15.9 us on the H100 where 4 warps took 16.9-20.3 us (14336 rows: level)."""
+        4096 rows are only 256 tiles, and 8 warps per tile were faster there than 4 (level at
+        14336 rows; docs/families/hgemv.md, "Defaults")."""
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
@@ -312,17 +311,14 @@ class Hgemv(Family):
 
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The default first. One vector on rows of >= 1024 columns also seeds 4 warps on 2 rows
-        each, 16-byte packs, 2 in flight: the H200's best of eleven configs at 11008 x 4096
-        (93.5% f16, 94.3% bf16 of the weights floor, where the catalog's winner ran 91%), the
-        H100's search winner at 4096 x 14336 (99%). On rows of >= 8192 columns, also the long-row
+        each, 16-byte packs, 2 in flight: the H200's best of eleven configs at 11008 x 4096, the
+        H100's search winner at 4096 x 14336. On rows of >= 8192 columns, also the long-row
         config: the block's 8 warps on 2 rows at a time, 2 packs in flight, partial sums through
-        shared memory. H100, 4096 x 11008, eight configs re-timed in one process: it ran at 95.4%
-        in float16 and in bfloat16, the seven others (among them both dtypes' 40-trial search
-        winners) at 82.7-92.9%. On rows of 1024 to 8191 columns, also the block's 8 warps on 2 rows
-        at a time with A requested step by step: the fastest of ten configs at 4096 x 4096, 14336 x
-        4096 and 32000 x 4096 (H100 float16, re-timed interleaved; as a one-off source edit before
-        load_schedule existed: docs/results/ab_hgemv_step_h100.json), 12.87 us at 4096 x 4096 where
-        the catalog's winner ran 13.10; at 4096 x 14336 it lost to the chunk schedule."""
+        shared memory, the fastest of eight configs re-timed at 4096 x 11008 in both dtypes. On
+        rows of 1024 to 8191 columns, also the block's 8 warps on 2 rows at a time with A
+        requested step by step: the fastest of ten configs at 4096 x 4096, 14336 x 4096 and
+        32000 x 4096 (as a one-off source edit before load_schedule existed); at 4096 x 14336 it
+        lost to the chunk schedule. The figures: docs/families/hgemv.md, "Defaults"."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
         # (the batch-1 seeds are read-only-path configs: row_align=peeled comes as their twins)
@@ -335,9 +331,9 @@ class Hgemv(Family):
 
     def _split_twin(self, problem: Problem, config: Config) -> Config | None:
         """The tensor-core seed split over a cluster of 2 blocks, where the problem's row blocks
-        leave the GPU short of blocks (split_reason): on the H100 at 1000 x 4103 (8 MB) a split
-        of the tensor-core configs ran batches 1-8 faster than each unsplit one
-        (docs/results/bench_hgemv_odd_h100_s15_call3.json)."""
+        leave the GPU short of blocks (split_reason): at 1000 x 4103 (8 MB) a split of the
+        tensor-core configs ran batches 1-8 faster than each unsplit one (docs/families/hgemv.md,
+        "The column split")."""
         params = {**config.as_dict(), "split_k": 2}
         if config["split_k"] != 1 or SPACE.violations(params):
             return None
@@ -346,8 +342,8 @@ class Hgemv(Family):
 
     def seed_from(self, problem: Problem, params: dict) -> dict:
         """Another shape's winner with the batch tile of this batch: a batch-1 winner tried as it
-        is on a batch of 4 reads the weights four times (500 us at 14336 x 4096 x 4 on the H100,
-        where that search's best took 45 us)."""
+        is on a batch of 4 reads the weights four times, an order of magnitude slower than the
+        batch's own best."""
         return {**params, "batch_tile": batch_tile_for(problem["batch"])}
 
     # --- geometry -------------------------------------------------------------------------

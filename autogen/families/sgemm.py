@@ -230,9 +230,8 @@ def _ceil(a: int, b: int) -> int:
 # compiles, 16-byte stores or vector atomic adds). 128 x 128 x 8 tiles with 8 x 8 thread tiles,
 # 16-byte loads, A transposed in shared memory (every variant), register double buffering and
 # two resident blocks per SM first: with unchecked interior loads (regsedge) and with checked
-# ones (regs), since ptxas schedules the two differently and neither wins every shape (H100, A/B
-# in one process: regsedge 0.93x cuBLAS at 4096^3 where regs gave 0.86x, 1.20x at 4096 x 4096 x 64
-# against 1.08x; regs 1.02x at 1000^3 against 0.89x). Then cp.async double buffering, the other
+# ones (regs), since ptxas schedules the two differently and neither wins every shape
+# (docs/families/sgemm.md, "pipeline"). Then cp.async double buffering, the other
 # warp layout, and smaller tiles for shapes that 128 x 128 tiles leave under one wave.
 SEED_TEMPLATES = (
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regsedge",
@@ -246,7 +245,7 @@ SEED_TEMPLATES = (
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="8x4", pipeline="regs"),
     dict(block_m=128, block_n=64, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs"),
     dict(block_m=64, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs"),
-    # The 1024^3 winner of the first H200 run (0.72x cuBLAS), then smaller tiles.
+    # The 1024^3 winner of the first H200 run, then smaller tiles.
     dict(block_m=32, block_n=128, block_k=8, thread_m=8, thread_n=4, warp_layout="4x8", pipeline="async2"),
     dict(block_m=64, block_n=64, block_k=16, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="async2"),
     dict(block_m=32, block_n=32, block_k=32, thread_m=4, thread_n=4, warp_layout="8x4", pipeline="async3"),
@@ -260,8 +259,8 @@ SEED_TEMPLATES = (
 SEEDS = 6  # seed configs per problem at most (each is a measured trial of the budget)
 SEED_COMMON = dict(vector_width=4, smem_pad=4, fma_order="ij")
 # Where split-K fills the GPU, the first template is also seeded with the smallest split giving
-# DEEP_SPLIT_WAVES blocks per SM (H100: split 8 won 128 x 12288 x 4096, 768 blocks, where the
-# split filling one wave was 2).
+# DEEP_SPLIT_WAVES blocks per SM (split 8 won 128 x 12288 x 4096, 768 blocks, where the split
+# filling one wave was 2: docs/benchmarks.md, sgemm).
 DEEP_SPLIT_WAVES = 4
 
 

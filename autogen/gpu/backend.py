@@ -47,8 +47,8 @@ def _compile_worker_start(parent_pid: int) -> None:
     """In each compile process: end with the parent (stop_with_parent), run at a lower CPU
     priority than the GPU worker and the search, and end without finalising the interpreter
     once the pool is shut down. A compile leaves nothing to clean up (its cubin is returned,
-    its cache file written), and finalising CuPy and NumPy in 16 processes made the pool's
-    shutdown take 0.4 s at the end of every tune (H100 host)."""
+    its cache file written), and finalising CuPy and NumPy in every process made the pool's
+    shutdown a visible part of every tune (docs/history/sessions.md, eighth session)."""
     stop_with_parent(parent_pid)
     try:
         os.nice(COMPILE_NICENESS)
@@ -58,8 +58,8 @@ def _compile_worker_start(parent_pid: int) -> None:
 
 
 def _new_pool_soon(workers: int) -> concurrent.futures.Future:
-    """_new_pool on a helper thread: spawning a compile process takes the spawning thread
-    ~10 ms each, while the caller goes on (the first compile waits for the pool)."""
+    """_new_pool on a helper thread: spawning a compile process holds the spawning thread
+    for a while each, while the caller goes on (the first compile waits for the pool)."""
     starter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-pool")
     future = starter.submit(_new_pool, workers)
     starter.shutdown(wait=False)

@@ -1,7 +1,7 @@
 """Validation against float64 and GPU-side timing with CUDA graphs (see shared anchors.md).
 
-Why graphs: a launch from Python costs ~6 us of host time, which hides every small kernel;
-inside a graph an empty kernel costs ~0.8 us. Why rotating input sets: weights in real inference
+Why graphs: a launch from Python costs several microseconds of host time, which hides every
+small kernel; inside a graph an empty kernel costs far less (shared anchors.md). Why rotating input sets: weights in real inference
 come from HBM, so by default ("cold") each launch reads a set that is not in L2; its results go to
 buffers recycled as an allocator recycles them (RECYCLED_RESULTS).
 """
@@ -22,18 +22,16 @@ from autogen.core.compare import judge
 MAX_SETS = 256  # rotating input sets; enough to exceed 4x L2 even for tiny shapes
 # Results are written to this many buffers in turn, not one per input set: in a model a result is
 # read by the next operation and freed, and the allocator gives its block to the next call's, so a
-# result that fits in L2 is written over lines still there. It changes the ranking: of 80 gelu
-# fp32 2^20 variants in torch's graphs (H100, 2026-11-26), the five fastest with a result per set
-# were 0.99-1.00x F.gelu (tanh form) with 3 recycled results, where the best were 1.02-1.03x.
-RECYCLED_RESULTS = 3  # docs/results/probe_hot_results_*_h100_s14.json
+# result that fits in L2 is written over lines still there. It changes the ranking where the
+# result fits in L2 (docs/families/elementwise.md, "Timing with recycled results").
+RECYCLED_RESULTS = 3
 # Small problems are checked and their timing sets made on the host (checks_on_host): on the GPU
 # the same NumPy-style code compiles CuPy's own elementwise and reduction kernels on first use,
-# which took 9.2 s of a fresh machine's first `autogen tune sgemv --m 16384 --n 16` (13.8 s in
-# all, H100). The flop bound keeps a float64 product on the host small: a 512^3 sgemm (268 MFLOP)
+# most of a fresh machine's first tune (docs/internals.md, "How a variant is judged"). The flop bound keeps a float64 product on the host small: a 512^3 sgemm (268 MFLOP)
 # is checked on the GPU.
 HOST_CHECK_FLOPS = 1 << 27
-# One sample: long enough that the events' ~0.5 us resolution is 0.05% of it (2000 us doubled
-# the replay time of a search for the same winners: sgemv 16384 x 16, H100).
+# One sample: long enough that the events' resolution is a negligible share of it; twice as long
+# doubled the replay time of a search for the same winners (docs/history/sessions.md, 2026-11-25).
 TARGET_REPLAY_US = 1000.0
 MAX_LAUNCHES = 4000
 REPLAYS = 7
@@ -128,8 +126,8 @@ def timing_sets(family, problem, xp, rng, cold: bool, l2_bytes: int, free_bytes:
     sets = recycle_results(family, [family.make_inputs(problem, xp, rng, case) for _ in range(count)])
     # The sets are written by kernels queued on the current stream, and the timing graphs replay
     # on non-blocking streams of their own, which do not wait for it: without this wait the first
-    # variant timed on a new problem ran alongside the generation (H100: 298 us for a 45 us
-    # kernel at 14336 x 4096 x 4, three sets of 118 MB), and the search dropped it.
+    # variant timed on a new problem ran alongside the generation, measured several times too
+    # slow, and the search dropped it (docs/history/sessions.md, "A measurement bug").
     if hasattr(xp, "cuda"):
         xp.cuda.get_current_stream().synchronize()
     return sets

@@ -2,7 +2,7 @@
 
 `autogen tune` answered from the database names the software stack (autogen.catalog.environment's stale
 check) but runs no kernel. Asking CuPy for the two versions means importing CuPy and letting it
-search the disk for NVRTC: 0.9-1.6 s of a 1.2-1.7 s warm command on the H100 host. This record
+search the disk for NVRTC: most of a warm command (docs/history/sessions.md, tenth session). This record
 lets that command ask the driver alone (through ctypes) and take the two versions from here.
 
 A record is trusted only while nothing that could make CuPy load other libraries has changed:

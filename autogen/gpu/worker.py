@@ -187,7 +187,7 @@ class Evaluator:
 
     def _rng(self):
         # Fresh inputs for every check: one generator per worker, seeded unpredictably once, whose
-        # stream every check advances (a new CuPy Generator per check cost 0.4-0.6 ms, H100 host).
+        # stream every check advances (a new CuPy Generator per check is not free).
         if self._generator is None:
             self._generator = self.cupy.random.default_rng(secrets.randbits(63))
         return self._generator
@@ -475,15 +475,14 @@ class IsolatedEvaluator:
     def discard(self) -> None:
         """Stop the worker at once, ready or not (it was started ahead of a need that went away),
         without waiting for it to exit: killed while the driver makes its CUDA context, it takes
-        tens of ms to go (a profile of the warm `autogen tune` on the H100 host spent 0.06 s
-        waiting for child processes), and nothing needs its exit status."""
+        tens of ms to go, and nothing needs its exit status."""
         process, self._process = self._process, None
         if process is not None and process.is_alive():
             process.kill()
 
     def close(self, wait: bool = True) -> None:
-        """Ask the worker to stop; `wait=False` leaves its CUDA teardown (0.2-0.3 s on an H100)
-        to run on its own (a daemon: the interpreter's exit ends it if it is still running)."""
+        """Ask the worker to stop; `wait=False` leaves its CUDA teardown (a visible part of a
+        short command) to run on its own (a daemon: the interpreter's exit ends it if it is still running)."""
         if self._process is not None and self._process.is_alive():
             try:
                 self._conn.send(None)
@@ -502,9 +501,9 @@ class IsolatedEvaluator:
         self.close()
 
 
-# At most this many compile processes by default. On the H200 host (16 cores) a cold 60-trial
-# sgemv tune took 3.23 s (median of 3) with one compile process per core and 2.66 s with 8: the
-# spawned processes' start-up and compiles took CPU from the search loop and the GPU worker (its
+# At most this many compile processes by default. A cold 60-trial sgemv tune was faster with 8
+# than with one compile process per core on a 16-core host (docs/history/sessions.md, eleventh
+# session): the spawned processes' start-up and compiles took CPU from the search loop and the GPU worker (its
 # Optuna import, asks and checks all slower), and a search of 60 variants keeps 8 busy enough.
 MAX_DEFAULT_WORKERS = 8
 

@@ -3,8 +3,8 @@
  * autogen.dispatch.make_call's Python function binds a call, launches it and, on the call's
  * second sighting, remembers it as an autogen.bound.BoundCall under its key (the current device
  * and stream, the keyword names and every argument's id). Served from Python, a remembered call
- * still spends 1.5-2 us in the interpreter (building the key, the guards, the launch binding's
- * argument conversions), a third of a bare CuPy launch. HitPath is that same function with the
+ * still spends a sizeable share of a bare CuPy launch in the interpreter (building the key, the
+ * guards, the launch binding's argument conversions; docs/benchmarks.md, "Dispatcher host cost"). HitPath is that same function with the
  * hit served here: the key, one dictionary lookup, the guards, cuLaunchKernel. Everything else
  * (the first calls, a failed guard, a launch that fails) goes to the Python function, which stays
  * the one place that binds, remembers and reports errors.

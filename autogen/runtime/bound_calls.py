@@ -2,7 +2,7 @@
 
 A dispatched call binds its operands (the family's checks of dtype, rank, shape, layout and
 device) and builds its kernels' argument tuples. In Python that costs about as much as the launch
-(H100 host: 1.4-6.2 us of bind against a 4.5-6.6 us CuPy launch, docs/benchmarks.md), while
+(docs/benchmarks.md, "Dispatcher host cost"), while
 decode loops and CUDA-graph warm-ups call the same kernel on the same arrays again and again. So
 a call made twice with the same objects is remembered under its key: the current device and
 stream, the keyword names and the id of every argument. The key stays unambiguous because the
@@ -72,7 +72,8 @@ class BoundCall(Sighting):
     def serve(self, stream_ptr: int):
         """The call again on `stream_ptr` where the guards hold: its kernels launched, its
         result returned; MISSED where they do not (the caller binds the call anew). One method
-        for the whole hit: each Python call costs 0.1-0.2 us on the H100 host."""
+        for the whole hit: each Python call on this path is a measurable share of it (the
+        breakdown: docs/history/sessions.md, eighth session)."""
         for ref, shape in self.arrays:  # holds(), inline: this is the hot path
             array = ref()
             if array is None or array.shape != shape:

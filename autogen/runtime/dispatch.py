@@ -76,7 +76,7 @@ class TunedKernel:
     def __post_init__(self):
         # Flattened once: a dispatched call walks plain tuples, not attribute chains. Non-PDL
         # steps launch through CuPy's own call: a struct-packed cuLaunchKernel from Python was
-        # measured no faster on the H100 (faster in one run, slower in the next, interleaved).
+        # measured no faster (docs/history/sessions.md, 2026-11-22).
         launches = []
         for function, step in self._steps:
             if self.pdl:

@@ -84,8 +84,8 @@ def storage(url: str) -> optuna.storages.BaseStorage:
 
 def open_storage_soon(url: str) -> None:
     """Open Optuna's storage on ``url`` (storage()) on a daemon thread, so that it overlaps what
-    the caller waits for (the GPU worker's CUDA context). On a new database that takes ~0.4 s of
-    the search's start: Optuna creates its tables and loads its alembic scripts. A failure here
+    the caller waits for (the GPU worker's CUDA context). On a new database that takes a large
+    share of the search's start: Optuna creates its tables and loads its alembic scripts. A failure here
     is left for the search's own storage() call to raise."""
     def open_() -> None:
         try:
@@ -250,8 +250,8 @@ def _new_kernels(session, study_id: int, templates: list) -> list:
 class SharedStudy:
     """A worker's view of a shared study: its sampler runs on a local in-memory mirror.
 
-    Optuna's RDB storage costs a transaction per suggested parameter (~40 ms per ask on SQLite
-    here), which would leave the GPU idle, and most asks are rejected (invalid for the shape) or
+    Optuna's RDB storage costs a transaction per suggested parameter (tens of ms per ask on
+    SQLite), which would leave the GPU idle, and most asks are rejected (invalid for the shape) or
     duplicates that other workers need not see. So the sampler asks and is told locally; each
     variant this worker measures is added to the shared study as a finished trial, from a
     background thread, off the GPU's critical path. ``refresh`` pulls into the mirror the other
@@ -259,8 +259,8 @@ class SharedStudy:
     (RUNNING, which TPE's constant liar counts), so every sampler sees every trial.
 
     The shared study itself is opened on that thread too: Optuna's storage on a new database
-    (its tables, its Alembic stamp) took 0.35-0.45 s on the H200 host, while the GPU waited for
-    the search's first variant. The mirror needs none of it to start: what this problem's
+    (its tables, its Alembic stamp) held up the search's first variant while the GPU waited
+    (docs/history/sessions.md, eleventh session). The mirror needs none of it to start: what this problem's
     earlier runs measured comes from autogen's tables (add_known), and the other workers'
     trials arrive with the first refresh after the opening."""
 

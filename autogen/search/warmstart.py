@@ -72,8 +72,8 @@ def _shipped_winners(problem: Problem, device: DeviceIdentity, tuned: list) -> l
     """The shipped catalog's winners of this family and dtype on this GPU for the problems the
     user's database has not tuned (`tuned`: its winners), this shape included: its own trials in
     the database are resumed, but the catalog's winner for it is the best prior a new user has
-    (H100, sgemv 16384 x 16 from an empty database: 60 trials without it ended 4.1% behind the
-    exhaustive best). None where autogen ships no catalog or $AUTOGEN_NO_PRETUNED is set."""
+    (without it a search from an empty database ended behind the exhaustive best:
+    docs/history/sessions.md, fifth session). None where autogen ships no catalog or $AUTOGEN_NO_PRETUNED is set."""
     from autogen.catalog.pretuned import pretuned_db, untuned_shipped
 
     return untuned_shipped(pretuned_db(), tuned, family=problem.family, gpu_name=device.name,
@@ -82,9 +82,8 @@ def _shipped_winners(problem: Problem, device: DeviceIdentity, tuned: list) -> l
 
 def _same_shape_in_siblings(db: TuningDB, device: DeviceIdentity, family: Family, problem: Problem) -> list:
     """Winners of this very shape in the family's other dtypes of the same storage width: the
-    same loads and the same amount of work (H100, hgemv 4096 x 11008: eight configs re-timed
-    in one process in both dtypes: the same best, and each config within 1.2% of its own time
-    in the other dtype)."""
+    same loads and the same amount of work (hgemv configs re-timed in both dtypes rank alike:
+    docs/families/hgemv.md, "Defaults")."""
     width = DTYPES[problem.dtype].itemsize
     siblings = [d for d in family.dtypes if d != problem.dtype and DTYPES[d].itemsize == width]
     return [w for d in siblings

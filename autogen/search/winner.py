@@ -15,10 +15,9 @@ from autogen.core.render import render
 from autogen.catalog.stored import unusable_reason, usable_trials
 
 # Two re-timed variants whose medians differ by less than this (or than half the best one's
-# spread) are a tie: the simpler name wins. The interleaved re-timing tells apart medians 0.2%
-# apart; at the memory limit a whole search's finalists lie within 1% (H100, 2026-11-26: a 1%
-# rule chose gelu bf16 2^28's 128-thread ldg variant by name over a 0.7% faster evict_last one,
-# which then lost to F.gelu by 0.2%).
+# spread) are a tie: the simpler name wins. The interleaved re-timing tells apart medians this
+# close; at the memory limit a whole search's finalists lie within a wider rule's tie, which then
+# chose by name over a faster variant (docs/history/sessions.md, thirteenth session, "The tie rule").
 TIE_FRACTION = 0.002
 
 

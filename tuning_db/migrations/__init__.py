@@ -136,8 +136,8 @@ _VERSION = Table(VERSION_TABLE, MetaData(), Column("version_num", String(32), nu
 def create_head(connection: Connection) -> str:
     """Create the head schema in a database without autogen tables, from the models, and stamp
     it at head: what Alembic's recipe for a new database does (create_all, then `stamp head`),
-    without importing Alembic and running every migration script in turn (0.43 s of a cold
-    `autogen tune` on the development machine, against 0.07 s). The models name every
+    without importing Alembic and running every migration script in turn (a large share of a
+    cold `autogen tune`: docs/history/sessions.md, eleventh session). The models name every
     constraint as the migrations do (tests compare the two schemas), so later migrations find
     them."""
     Base.metadata.create_all(connection)
