@@ -39,8 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-from autogen.report import render_table
-from benchlib import Budget, num, table, torch_graph, torch_graph_medians, tune_each, write_results
+from benchlib import (Budget, num, render_table, table, torch_graph, torch_graph_medians, tune_each,
+                      write_results)
 
 SIZES = (2**20, 2**24, 2**28)
 DTYPES = ("float32", "float16", "bfloat16")

@@ -249,7 +249,7 @@ def row_cells(doc: dict) -> tuple:
     us = m["us"]
     torch_name = doc.get("best_torch")
     return (label(doc), num(us["autogen"], ".2f"), num(doc["input_gb_per_s"], ".0f"), num(doc["pct_of_copy"], ".1f"),
-            num(us.get("cub"), ".2f"), num(doc.get("vs_cub"), ".2f"), num(us[torch_name], ".2f") if torch_name else None,
+            num(us.get("cub"), ".2f"), num(doc.get("vs_cub"), ".2f"), num(us.get(torch_name), ".2f"),
             num(doc.get("vs_torch"), ".2f"), "yes" if all(doc["targets"].values()) else "NO", doc["winner"]["kernel"])
 
 
@@ -305,8 +305,8 @@ def main(argv=None) -> int:
             doc["vs_torch"] = round(torch_times[doc["best_torch"]] / us["autogen"], 3) if torch_times else None
             doc["targets"] = targets(family.name, problem.shape, doc["vs_cub"], doc["vs_torch"])
         rows.append(doc)
-        # The measured rows, then the tuned ones still to measure.
-        write_results(args.out, "histogram_copy_if", doc["gpu"], {"problems": rows + [d for _f, _p, d in docs[len(rows):]]})
+        still_to_measure = [d for _f, _p, d in docs[len(rows):]]
+        write_results(args.out, "histogram_copy_if", doc["gpu"], {"problems": rows + still_to_measure})
 
     total = time.monotonic() - started
     write_results(args.out, "histogram_copy_if", rows[0]["gpu"] if rows else None,

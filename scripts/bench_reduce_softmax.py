@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from autogen.report import render_table
-from benchlib import WINNER_HEADER, Budget, shape_text, table, tune_each, winner_cells, write_results
+from benchlib import (WINNER_HEADER, Budget, render_table, shape_text, table, tune_each, winner_cells,
+                      write_results)
 
 PROBLEMS = [
     ("reduce", "float32", {"n": 2**20}),

@@ -171,9 +171,15 @@ def torch_graph(torch, call: Callable[[int], object], sets: int):
     probe = _captured(torch, call, sets, probe_calls)
     estimate = min(torch_replay_us(torch, probe, probe_calls) for _ in range(2))
     del probe
-    calls = max(sets, min(MAX_CALLS, math.ceil(TARGET_REPLAY_US / max(estimate, 0.5))))
-    calls = math.ceil(calls / sets) * sets
+    calls = graph_calls(sets, estimate)
     return _captured(torch, call, sets, calls), calls
+
+
+def graph_calls(sets: int, estimate_us: float) -> int:
+    """Calls in a graph of about TARGET_REPLAY_US (at most MAX_CALLS), given the time of one:
+    whole passes over the sets, at least one."""
+    calls = max(sets, min(MAX_CALLS, math.ceil(TARGET_REPLAY_US / max(estimate_us, 0.5))))
+    return math.ceil(calls / sets) * sets
 
 
 def _captured(torch, call, sets: int, calls: int):
