@@ -64,9 +64,15 @@ def tune_summary(result) -> dict:
     return doc
 
 
-def render_table(rows: list[tuple[str, object]]) -> str:
-    width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:<{width}}  {_text(value)}" for label, value in rows)
+def render_table(rows: list[tuple]) -> str:
+    """Rows of cells (a label and its value, or more), each column as wide as its widest cell;
+    the last cell of a row is not padded, nor counted (a short row's message runs on); None
+    shows as "-"."""
+    texts = [[_text(cell) for cell in row] for row in rows]
+    widths = [max((len(row[i]) for row in texts if len(row) > i + 1), default=0)
+              for i in range(max((len(row) for row in texts), default=0))]
+    return "\n".join("  ".join(cell if i == len(row) - 1 else cell.ljust(widths[i]) for i, cell in enumerate(row))
+                     for row in texts)
 
 
 def tune_table(doc: dict) -> str:

@@ -7,7 +7,7 @@ same cold input sets. The evidence behind a template change, before the search i
       --vary load_schedule=chunk,step --vary tail=checked,peeled --out DIR
 
 Every --base (the family's default where a parameter is not given) crossed with every --vary choice
-is one variant; each --dims is one problem. Writes DIR/ab_<family>.json and prints a table.
+is one variant; each --dims is one problem. Writes DIR/ab_<family>_<gpu>.json and prints a table.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import json
 import statistics
 import sys
 from pathlib import Path
+
+from benchlib import num, table, write_results
 
 ROUNDS = 15  # interleaved replays per variant
 
@@ -89,6 +91,15 @@ def ab_problem(family, problem, configs, rounds: int) -> dict:
     return row
 
 
+def variant_rows(row: dict) -> list[tuple]:
+    """Table rows of one problem: the variants fastest first, then those that failed."""
+    timed = [(name, f"{us:.3f}", f"{row['spreads_us'][name] / 2:.3f}",
+              num(100 * row["floor_us"] / us if row["floor_us"] else None, ".1f"),
+              num(row["peer_us"] / us if "peer_us" in row else None, ".2f"))
+             for name, us in sorted(row["medians_us"].items(), key=lambda item: item[1])]
+    return timed + [(name, f"FAILED {reason}") for name, reason in row["failed"].items()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("family")
@@ -109,17 +120,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for dims in args.dims:
         problem = family.problem(args.dtype, **parse_dims(dims))
-        rows.append(ab_problem(family, problem, configs, args.rounds))
-        (args.out / f"ab_{family.name}.json").write_text(json.dumps({"rows": rows}, indent=2))
-        row = rows[-1]
+        row = ab_problem(family, problem, configs, args.rounds)
+        rows.append(row)
+        write_results(args.out, f"ab_{family.name}", row["gpu"], {"rows": rows})
         print(f"\n{row['problem']} on {row['gpu']}: copy {row['copy_gbs']} GB/s, floor {row['floor_us']} us, "
               f"{row.get('peer', 'no peer')} {row.get('peer_us', '-')} us")
-        for name, us in sorted(row["medians_us"].items(), key=lambda item: item[1]):
-            ratio = f"{row['peer_us'] / us:5.2f}x" if "peer_us" in row else ""
-            print(f"  {name:<72} {us:9.3f} us  +-{row['spreads_us'][name] / 2:.3f}  "
-                  f"{100 * row['floor_us'] / us if row['floor_us'] else 0:5.1f}% floor  {ratio}")
-        for name, reason in row["failed"].items():
-            print(f"  {name:<72} FAILED {reason}")
+        print(table(("variant", "us", "+-", "% floor", "x peer"), variant_rows(row)))
     return 0
 
 

@@ -16,11 +16,12 @@ Usage: python3 scripts/bench_dispatch.py --db URL_OF_TUNED_GRID --out DIR [--ove
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchlib import interleaved_medians, table, tune_each, write_results
 
 UNTUNED = [(2048, 16), (8192, 64), (16384, 256), (3000, 1000), (6144, 2048)]
 
@@ -36,18 +37,21 @@ def per_call_us(fns: dict, calls: int, rounds: int = 7) -> dict:
     spell of the host or GPU hits every path alike), synchronised between timings."""
     import cupy
 
-    samples = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    cupy.cuda.Device().synchronize()
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    def sampler(fn):
+        def one() -> float:
             started = time.perf_counter()
             for _ in range(calls):
                 fn()
-            samples[name].append((time.perf_counter() - started) / calls * 1e6)
+            elapsed = (time.perf_counter() - started) / calls * 1e6
             cupy.cuda.Device().synchronize()
-    return {name: statistics.median(values) for name, values in samples.items()}
+            return elapsed
+        return one
+
+    for fn in fns.values():
+        fn()
+    cupy.cuda.Device().synchronize()
+    medians = interleaved_medians({name: sampler(fn) for name, fn in fns.items()}, rounds)
+    return {name: median for name, (median, _spread) in medians.items()}
 
 
 def python_served_call(family_name: str):
@@ -153,16 +157,16 @@ def regret(db_url: str, out: Path, trials: int) -> list[dict]:
     from autogen.gpu.compile import compile_cubin
     from autogen.core.registry import get_family
     from autogen.core.render import render
-    from autogen.search.tuner import TuneOptions, tune
     from autogen.gpu.worker import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     own_db = f"sqlite:///{out / 'regret_own.db'}"
     rows = []
-    for m, n in UNTUNED:
-        problem = family.problem(m=m, n=n)
+    for problem, result, _summary in tune_each([family.problem(m=m, n=n) for m, n in UNTUNED],
+                                               {"trials": trials, "db_url": own_db}):
+        m, n = problem["m"], problem["n"]
         pick = dispatch.Dispatcher(db_url).lookup(problem)
-        best = tune(problem, TuneOptions(trials=trials, db_url=own_db)).winner
+        best = result.winner
         evaluator = Evaluator(WorkSpec("sgemv", "float32", problem.dims))
         names, candidates = {}, {}
         for label, params in (("pick", pick.params), ("own_best", best.trial.params)):
@@ -195,21 +199,23 @@ def main() -> int:
                         help="print (stderr) a cProfile of every family's dispatched call")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"host_overhead": host_overhead(args.db, args.calls, args.profile, args.rounds),
-              "regret": [] if args.overhead_only else regret(args.db, args.out, args.trials)}
-    (args.out / "bench_dispatch.json").write_text(json.dumps(report, indent=2))
-    print(f"{'family':>10} {'shape':>16} {'launches':>8} {'bare us':>8} {'floor us':>8} {'bind us':>8} "
-          f"{'autogen us':>10} {'vs bare':>8} {'vs floor':>8} {'hit':>6} {'Python hit us':>13} {'vs bare':>8}")
-    for h in report["host_overhead"]:
-        print(f"{h['family']:>10} {h['shape']:>16} {h['launches']:>8} {h['bare_rawkernel_us']:>8} "
-              f"{h['bare_preconverted_us']:>8} {h['bind_only_us']:>8} {h['autogen_us']:>10} {h['ratio_vs_bare']:>7}x "
-              f"{h['ratio_vs_preconverted']:>7}x {h['hit_path']:>6} {h['autogen_python_hit_us']:>13} "
-              f"{h['ratio_python_hit_vs_bare']:>7}x")
+    from autogen.gpu.device import device_identity
+
+    report = {"host_overhead": host_overhead(args.db, args.calls, args.profile, args.rounds), "regret": []}
+    write_results(args.out, "dispatch", device_identity().name, report)  # kept should the regret fail
+    if not args.overhead_only:
+        report["regret"] = regret(args.db, args.out, args.trials)
+        write_results(args.out, "dispatch", device_identity().name, report)
+    print(table(("family", "shape", "launches", "bare us", "floor us", "bind us", "autogen us", "vs bare", "vs floor",
+                 "hit", "Python hit us", "vs bare"),
+                ((h["family"], h["shape"], h["launches"], h["bare_rawkernel_us"], h["bare_preconverted_us"],
+                  h["bind_only_us"], h["autogen_us"], f"{h['ratio_vs_bare']}x", f"{h['ratio_vs_preconverted']}x",
+                  h["hit_path"], h["autogen_python_hit_us"], f"{h['ratio_python_hit_vs_bare']}x")
+                 for h in report["host_overhead"])))
     if report["regret"]:
-        print(f"{'shape':>11} {'served':>8} {'from':>14} {'pick us':>8} {'best us':>8} {'regret':>7}")
-    for r in report["regret"]:
-        print(f"{r['shape']:>11} {r['served_by']:>8} {str(r['from_shape']):>14} {r['pick_us']:>8.3f} "
-              f"{r['own_best_us']:>8.3f} {r['regret_pct']:>6.1f}%")
+        print(table(("shape", "served", "from", "pick us", "best us", "regret"),
+                    ((r["shape"], r["served_by"], r["from_shape"], f"{r['pick_us']:.3f}", f"{r['own_best_us']:.3f}",
+                      f"{r['regret_pct']:.1f}%") for r in report["regret"])))
     return 0
 
 

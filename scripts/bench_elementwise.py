@@ -1,7 +1,7 @@
 """The gelu and bias_mask_scale_add benchmark: tune each problem (cold cache, CUDA-graph timing,
 medians), then time the PyTorch peers of the same problem in the same run by the same method:
 torch eager (F.gelu; the composed (x + bias) * mask * scale + addend) and torch.compile (Inductor)
-of the same expression. Writes bench_elementwise.json and prints a table last.
+of the same expression. Writes elementwise_<gpu>.json and prints a table last.
 
 Peers and graphs. The tuner times each winner in CuPy's CUDA graphs, and its family peer there
 too (torch's out= forms, which allocate nothing). F.gelu, the composed expression and compiled
@@ -31,19 +31,18 @@ bias_mask_scale_add >= 2.5x torch eager and >= 1.0x torch.compile.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchlib import (Budget, num, render_table, table, torch_graph, torch_graph_medians, tune_each,
+                      write_results)
 
 SIZES = (2**20, 2**24, 2**28)
 DTYPES = ("float32", "float16", "bfloat16")
 BIAS_SIZE = 4096
 ROUNDS = 15  # interleaved replays of each torch graph (autogen's call, eager, compiled)
-TARGET_REPLAY_US = 2000.0
-MAX_CALLS = 2000
 FIXED_S = 8.0  # per problem outside the search: start-up, finishing (re-time, family peer), torch peers
 
 PROBLEMS = [
@@ -130,62 +129,6 @@ def torch_input_sets(torch, family, problem, cupy, l2_bytes: int):
     return sets, tensors
 
 
-def captured_graph(torch, fn, tensor_sets):
-    """(graph, calls): fn over rotating sets captured in a torch CUDA graph of about
-    TARGET_REPLAY_US per replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up on a side stream, as torch's graph docs ask
-        for t in tensor_sets[:2]:
-            fn(t)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-
-    def capture(calls: int):
-        graph = torch.cuda.CUDAGraph()
-        outputs = []
-        with torch.cuda.graph(graph):
-            for i in range(calls):
-                outputs.append(fn(tensor_sets[i % len(tensor_sets)]))
-                if len(outputs) > 2:
-                    outputs.pop(0)  # freed results are reused from the graph's pool
-        outputs.clear()
-        graph.replay()
-        torch.cuda.synchronize()
-        return graph
-
-    sets = len(tensor_sets)
-    probe_calls = max(sets, 8)
-    probe = capture(probe_calls)
-    estimate = min(replay_us(torch, probe, probe_calls) for _ in range(2))
-    del probe
-    calls = max(sets, min(MAX_CALLS, math.ceil(TARGET_REPLAY_US / max(estimate, 0.5))))
-    calls = math.ceil(calls / sets) * sets
-    return capture(calls), calls
-
-
-def replay_us(torch, graph, calls: int) -> float:
-    """One replay of `graph`, timed with CUDA events: us per call."""
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) * 1000.0 / calls
-
-
-def interleaved_times_us(torch, graphs: dict) -> dict:
-    """{label: (median us per call, spread)} of captured graphs {label: (graph, calls)}, replayed
-    in ROUNDS rounds that take every graph once (in alternating order): a drift of the GPU's
-    state over the run reaches every label alike."""
-    samples: dict = {label: [] for label in graphs}
-    labels = list(graphs)
-    for round_ in range(ROUNDS):
-        for label in labels if round_ % 2 == 0 else labels[::-1]:
-            samples[label].append(replay_us(torch, *graphs[label]))
-    return {label: (statistics.median(s), max(s) - min(s)) for label, s in samples.items()}
-
-
 def check_peer_output(torch, family, problem, fn, inputs, tensors) -> float:
     """Relative L2 error of a peer's result against the float64 reference (peers are checked too)."""
     import cupy
@@ -229,11 +172,11 @@ def time_torch_peers(problem, family, use_compile: bool, compile_cache: dict, st
         started = time.monotonic()
         try:
             error = check_peer_output(torch, family, problem, fn, sets[0], tensors[0])  # compiles, autotunes
-            graphs[label] = captured_graph(torch, fn, tensors)
+            graphs[label] = torch_graph(torch, lambda i, fn=fn, tensors=tensors: fn(tensors[i]), len(tensors))
             result[label] = {"error": error, "wall_s": round(time.monotonic() - started, 1)}
         except Exception as exc:  # report and go on: one peer failing must not end the benchmark
             result[label] = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
-    for label, (median, spread) in interleaved_times_us(torch, graphs).items():
+    for label, (median, spread) in torch_graph_medians(torch, graphs, ROUNDS).items():
         result[label].update(time_us=round(median, 4), spread_us=round(spread, 4))
     del graphs, sets, tensors
     torch.cuda.synchronize()
@@ -294,23 +237,19 @@ def summarize(doc: dict) -> dict:
     return out
 
 
-def row_text(doc: dict) -> str:
+def row_cells(doc: dict) -> tuple:
     s = doc["summary"]
     if s["ours_us"] is None:
-        return f"{label_of(doc):<22} {doc.get('no_winner', 'no variant passed validation')}"
-
-    def num(value, fmt):
-        return format(value, fmt) if value is not None else f"{'-':>{len(format(1.0, fmt))}}"
-
+        return (label_of(doc), doc.get("no_winner", "no variant passed validation"))
     missed = [k for k, ok in s["targets"].items() if not ok]
-    return (f"{label_of(doc):<22} {s['ours_us']:>9.2f} {num(s['gb_per_s'], '7.0f')} {num(s['pct_copy'], '6.1f')} "
-            f"{num(s.get('autogen_torch_graph_us'), '9.2f')} {num(s['eager_us'], '9.2f')} {num(s['eager_speedup'], '6.2f')} {num(s['compile_us'], '9.2f')} "
-            f"{num(s['compile_speedup'], '6.2f')} {num(s['family_peer_speedup'], '6.2f')}  "
-            f"{'ok' if not missed else 'MISS ' + ','.join(missed)}  {doc['winner']['kernel']}")
+    return (label_of(doc), num(s["ours_us"], ".2f"), num(s["gb_per_s"], ".0f"), num(s["pct_copy"], ".1f"),
+            num(s.get("autogen_torch_graph_us"), ".2f"), num(s["eager_us"], ".2f"), num(s["eager_speedup"], ".2f"),
+            num(s["compile_us"], ".2f"), num(s["compile_speedup"], ".2f"), num(s["family_peer_speedup"], ".2f"),
+            "ok" if not missed else "MISS " + ",".join(missed), doc["winner"]["kernel"])
 
 
-HEADER = (f"{'problem':<22} {'us':>9} {'GB/s':>7} {'%copy':>6} {'torch g':>9} {'eager us':>9} {'x eag':>6} {'compile':>9} "
-          f"{'x comp':>6} {'x out=':>6}  targets  kernel")
+HEADER = ("problem", "us", "GB/s", "%copy", "torch g", "eager us", "x eag", "compile", "x comp", "x out=", "targets",
+          "kernel")
 
 
 def main(argv=None) -> int:
@@ -318,8 +257,6 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from autogen.core.registry import get_family
-    from autogen.report import tune_summary
-    from autogen.search.tuner import TuneOptions, tune
 
     db_url = args.db or f"sqlite:///{args.out / 'bench_elementwise.db'}"
     from autogen.runtime import dispatch
@@ -328,27 +265,20 @@ def main(argv=None) -> int:
     compile_cache: dict = {}
     rows = []
     started_all = time.monotonic()
-    selected = [(f, d, dims) for f, d, dims in PROBLEMS
+    selected = [get_family(f).problem(d, **dims) for f, d, dims in PROBLEMS
                 if not (args.only and f != args.only) and dims["n"] in sizes]
-    for index, (family_name, dtype, dims) in enumerate(selected):
-        family = get_family(family_name)
-        problem = family.problem(dtype, **dims)
+    budget = Budget(total_s=args.budget, fixed_s=FIXED_S, at_least_s=1.0, timeout_s=args.timeout)
+    for problem, _result, doc in tune_each(selected, {"trials": args.trials, "db_url": db_url}, budget,
+                                           started=started_all):
+        tuned_s = doc.pop("bench_wall_s")
         started = time.monotonic()
-        timeout = args.timeout
-        if args.budget is not None:
-            left = args.budget - (started - started_all)
-            share = max(1.0, left / (len(selected) - index) - FIXED_S)
-            timeout = share if timeout is None else min(timeout, share)
-        result = tune(problem, TuneOptions(trials=args.trials, timeout_s=timeout, db_url=db_url))
-        doc = tune_summary(result)
-        tuned_s = time.monotonic() - started
-        doc["torch"] = time_torch_peers(problem, family, not args.no_compile, compile_cache, args.compile_static)
+        doc["torch"] = time_torch_peers(problem, get_family(problem.family), not args.no_compile, compile_cache,
+                                        args.compile_static)
         doc["summary"] = summarize(doc)
-        doc["bench_wall_s"] = {"tune": round(tuned_s, 1), "torch": round(time.monotonic() - started - tuned_s, 1)}
+        doc["bench_wall_s"] = {"tune": tuned_s, "torch": round(time.monotonic() - started, 1)}
         rows.append(doc)
-        # Written after every problem: a run cut short keeps what it measured.
-        (args.out / "bench_elementwise.json").write_text(json.dumps({"problems": rows}, indent=2, default=str))
-        print(row_text(doc) if doc["winner"] else f"{label_of(doc)}: no winner", file=sys.stderr, flush=True)
+        write_results(args.out, "elementwise", rows[0]["gpu"], {"problems": rows})
+        print(render_table([row_cells(doc)]), file=sys.stderr, flush=True)
 
     copy = next((d["copy_bandwidth_gb_per_s"] for d in rows if d.get("copy_bandwidth_gb_per_s")), None)
     gpu = rows[0]["gpu"] if rows else "?"
@@ -356,9 +286,7 @@ def main(argv=None) -> int:
           f"us: the tuner's time (CuPy graphs); torch g: autogen's call in torch's graphs; x eag/x comp: "
           f"torch eager and torch.compile over torch g (all in torch graphs); x out=: the family peer (torch's "
           f"out= form) over us (both in CuPy graphs); total {time.monotonic() - started_all:.0f} s")
-    print(HEADER)
-    for doc in rows:
-        print(row_text(doc))
+    print(table(HEADER, map(row_cells, rows)))
     failures = sorted({f"{label_of(d)} {k}: {v['failed']}" for d in rows for k, v in d.get("torch", {}).items()
                        if isinstance(v, dict) and "failed" in v})
     for line in failures:

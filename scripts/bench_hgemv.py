@@ -6,7 +6,7 @@ and 128256x4096 in fp16 and bf16; batch 4 and 8 at 4096x4096 and 14336x4096 (--b
 bf16 by default). Targets: >= 93% of the weights floor (A's bytes over the copy bandwidth
 measured in the same run) on every batch-1 shape of 4096x4096 or larger, >= 1.3x torch at
 4096x4096 batch 1, >= 1.2x torch at batch 4. The winners land in --db (the lead turns them into
-the shipped catalog with scripts/make_pretuned.py). Writes DIR/bench_hgemv.json and prints a
+the shipped catalog with scripts/make_pretuned.py). Writes DIR/hgemv_<gpu>.json and prints a
 table last. The whole run keeps within --budget seconds (default 210): each problem's search
 gets an equal share of what is left, warm-started from the shapes tuned before it.
 """
@@ -14,10 +14,11 @@ gets an equal share of what is left, warm-started from the shapes tuned before i
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+
+from benchlib import WINNER_HEADER, Budget, num, shape_text, table, tune_each, winner_cells, write_results
 
 BATCH1 = [(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (4096, 14336), (32000, 4096), (128256, 4096)]
 BATCHED = [(4096, 4096, 4), (14336, 4096, 4), (4096, 4096, 8), (14336, 4096, 8)]
@@ -55,42 +56,33 @@ def main() -> int:
     started = time.monotonic()
 
     from autogen.core.registry import get_family
-    from autogen.report import tune_summary
-    from autogen.search.tuner import TuneOptions, tune
 
     family = get_family("hgemv")
     db_url = args.db or f"sqlite:///{args.out / 'bench_tuning.db'}"
     todo = problems(args.batch_dtype)
     rows = []
-    for index, (dtype, m, n, batch) in enumerate(todo):
-        left = args.budget - (time.monotonic() - started)
-        share = max(3.0, left / (len(todo) - index) - FINISH_S)
-        problem = family.problem(dtype, m=m, n=n, batch=batch)
-        result = tune(problem, TuneOptions(trials=args.trials, db_url=db_url, timeout_s=share))
-        row = tune_summary(result)
+    budget = Budget(total_s=args.budget, fixed_s=FINISH_S, at_least_s=3.0)
+    for problem, result, row in tune_each([family.problem(d, m=m, n=n, batch=b) for d, m, n, b in todo],
+                                          {"trials": args.trials, "db_url": db_url}, budget, started=started):
         winner = row.get("winner")
         if winner and result.copy_gbs:
             # The issue's floor: A's bytes alone over the copy bandwidth of this run.
             floor_us = family.weight_bytes(problem) / (result.copy_gbs * 1e9) * 1e6
             winner["weights_floor_us"] = round(floor_us, 4)
             winner["pct_of_weights_floor"] = round(100.0 * floor_us / winner["time_us"], 1)
-        row["targets"] = targets(row, dtype, m, n, batch)
+        row["targets"] = targets(row, problem.dtype, problem["m"], problem["n"], problem["batch"])
         rows.append(row)
-        (args.out / "bench_hgemv.json").write_text(json.dumps({"problems": rows}, indent=2))  # kept as it grows
+        write_results(args.out, "hgemv", rows[0]["gpu"], {"problems": rows})  # kept as it grows
 
     report = {"gpu": rows[0]["gpu"] if rows else None, "trials": args.trials, "wall_s": round(time.monotonic() - started, 1),
               "database": db_url, "problems": rows}
-    (args.out / "bench_hgemv.json").write_text(json.dumps(report, indent=2))
+    write_results(args.out, "hgemv", report["gpu"], report)
 
     print(f"\nhgemv on {report['gpu']}, cold, {args.trials} trials per problem, {report['wall_s']} s in all")
-    print(f"{'dtype':>8} {'m x n x b':>18} {'kernel':<52} {'us':>8} {'torch us':>9} {'speedup':>7} "
-          f"{'GB/s':>6} {'%floor':>6}  targets")
-    for row in rows:
-        w = row.get("winner") or {}
-        s = row["problem"]["shape"]
-        print(f"{row['problem']['dtype']:>8} {s['m']:>7}x{s['n']:>5}x{s['batch']:<3} {w.get('kernel', '-'):<52} "
-              f"{w.get('time_us', 0):>8.3f} {w.get('peer_time_us') or 0:>9.3f} {w.get('speedup_vs_peer') or 0:>7.2f} "
-              f"{w.get('gb_per_s', 0):>6.0f} {w.get('pct_of_weights_floor') or 0:>6.1f}  {'; '.join(row['targets'])}")
+    print(table(("dtype", "m x n x b", *WINNER_HEADER[:5], "%weights floor", "targets"),
+                ((row["problem"]["dtype"], shape_text(row), *winner_cells(row)[:5],
+                  num((row.get("winner") or {}).get("pct_of_weights_floor"), ".1f"), "; ".join(row["targets"]))
+                 for row in rows)))
     return 0
 
 

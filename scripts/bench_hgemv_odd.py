@@ -8,18 +8,19 @@ interleaved with torch (cuBLAS) on the same cold input sets (scripts/ab_variants
   python3 scripts/bench_hgemv_odd.py --out DIR [--budget 300] [--dtypes float16,bfloat16]
 
 Targets: for n % 8 != 0 at batches 1-4, >= 1.1x torch and >= 80% of the weights floor (A's bytes
-over the copy bandwidth of the same run); >= 1.15x torch at batch 8. Writes DIR/bench_hgemv_odd.json
+over the copy bandwidth of the same run); >= 1.15x torch at batch 8. Writes DIR/hgemv_odd_<gpu>.json
 as it goes (a problem measured is never lost) and prints a table last.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
+
+from ab_variants import ab_problem
+from benchlib import num, table, write_results
 
 SHAPES = [(3000, 4099), (11008, 4097), (4096, 11007), (5120, 5121), (1000, 4103)]
 BATCHES = [1, 2, 3, 4, 8]
@@ -60,14 +61,6 @@ def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
     return rows
 
 
-def ab_harness():
-    path = Path(__file__).with_name("ab_variants.py")
-    spec = importlib.util.spec_from_file_location("ab_variants", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def summarize(family, problem, row: dict, tags: dict) -> dict:
     floor = family.weight_bytes(problem) / (row["copy_gbs"] * 1e9) * 1e6
     out = {"problem": row["problem"], "gpu": row["gpu"], "copy_gbs": row["copy_gbs"],
@@ -84,6 +77,11 @@ def summarize(family, problem, row: dict, tags: dict) -> dict:
     return out
 
 
+def side_cells(side: dict) -> tuple:
+    return (num(side.get("us"), ".2f"), num(side.get("speedup_vs_peer"), ".2f"),
+            num(side.get("pct_of_weights_floor"), ".1f"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -96,7 +94,6 @@ def main() -> int:
     from autogen.core.registry import get_family
 
     family = get_family("hgemv")
-    harness = ab_harness()
     todo = [(d, m, n, b) for b in BATCHES for d in args.dtypes.split(",") for m, n in SHAPES] + EXTRA
     todo.sort(key=lambda p: (p[3] not in (1, 3, 8), p[0] != "float16"))  # the issue's figures first
     started, rows = time.monotonic(), []
@@ -112,9 +109,9 @@ def main() -> int:
                 continue  # the search would not time it here (row blocks fill the GPU, or too few chunks)
             tags[family.kernel_name(dtype, config)] = side
             configs.append(config)
-        row = harness.ab_problem(family, problem, configs, args.rounds)
+        row = ab_problem(family, problem, configs, args.rounds)
         rows.append(summarize(family, problem, row, tags))
-        (args.out / "bench_hgemv_odd.json").write_text(json.dumps({"problems": rows}, indent=2))
+        write_results(args.out, "hgemv_odd", rows[0]["gpu"], {"problems": rows})
         r = rows[-1]
         print(f"{dtype:>8} {m:>6}x{n:<6}x{batch}  torch {r['peer_us']:8.2f} us  "
               + "  ".join(f"{side} {r[side]['us']:8.2f} us {r[side]['speedup_vs_peer']:.2f}x "
@@ -122,17 +119,14 @@ def main() -> int:
               + (f"  FAILED {len(r['failed'])}" if r["failed"] else ""), flush=True)
 
     gpu = rows[0]["gpu"] if rows else None
-    (args.out / "bench_hgemv_odd.json").write_text(json.dumps({"gpu": gpu, "wall_s": round(time.monotonic() - started, 1),
-                                                               "problems": rows}, indent=2))
+    write_results(args.out, "hgemv_odd", gpu, {"wall_s": round(time.monotonic() - started, 1), "problems": rows})
     print(f"\nhgemv, n % 8 != 0, on {gpu}, cold, kernel and torch in the same process")
-    print(f"{'dtype':>8} {'m x n x b':>18} {'torch us':>9} {'before us':>9} {'x':>5} {'%fl':>5} "
-          f"{'after us':>9} {'x':>5} {'%fl':>5} {'split us':>9} {'x':>5} {'%fl':>5}  split kernel")
-    for r in rows:
-        b, a, k = r.get("before", {}), r.get("after", {}), r.get("split", {})
-        print(f"{r['problem']:>40.40} {r['peer_us'] or 0:9.2f} {b.get('us', 0):9.2f} {b.get('speedup_vs_peer') or 0:5.2f} "
-              f"{b.get('pct_of_weights_floor', 0):5.1f} {a.get('us', 0):9.2f} {a.get('speedup_vs_peer') or 0:5.2f} "
-              f"{a.get('pct_of_weights_floor', 0):5.1f} {k.get('us', 0):9.2f} {k.get('speedup_vs_peer') or 0:5.2f} "
-              f"{k.get('pct_of_weights_floor', 0):5.1f}  {k.get('kernel', '-')}")
+    sides = ("before", "after", "split")
+    print(table(("problem", "torch us", *(f"{side} {what}" for side in sides for what in ("us", "x", "%fl")),
+                 "split kernel"),
+                ((r["problem"], num(r["peer_us"], ".2f"),
+                  *(cell for side in sides for cell in side_cells(r.get(side, {}))), r.get("split", {}).get("kernel"))
+                 for r in rows)))
     for r in rows:
         for name, reason in r["failed"].items():
             print(f"FAILED {r['problem']} {name}: {reason[:200]}")

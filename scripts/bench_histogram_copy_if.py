@@ -24,7 +24,6 @@ times histogram's share, at 2^24 twice): under ~300 s on an H100 in all.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchlib import Budget, num, table, torch_graph, torch_graph_medians, tune_each, write_results  # noqa: E402
 
 PROBLEMS = [
     *[("histogram", "int32", {"n": n, "bins": bins, "distribution": dist})
@@ -129,37 +130,9 @@ def graph_us(cupy, enqueue, sets: int) -> float:
 
 
 def torch_graph_us(torch, call, sets: int, replays: int = 7) -> float:
-    """`call(i)` captured R times (rotating over the sets) in a torch.cuda.CUDAGraph with its
-    private memory pool; median over replays of the time per call."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(3):
-            call(i % sets)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(sets):
-        call(i)
-    stop.record()
-    stop.synchronize()
-    estimate_us = max(1.0, start.elapsed_time(stop) * 1000 / sets)
-    launches = max(sets, min(2000, int(2000 / estimate_us) // sets * sets or sets))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            call(i % sets)
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop) * 1000 / launches)
-    return statistics.median(samples)
+    """`call(i)` rotating over the sets in a torch CUDA graph (benchlib.torch_graph): the median
+    over replays of the time per call."""
+    return torch_graph_medians(torch, {"peer": torch_graph(torch, call, sets)}, replays)["peer"][0]
 
 
 def torch_events_us(torch, call, sets: int, replays: int = 7) -> float:
@@ -194,22 +167,22 @@ def measure(cupy, torch, family, problem, params: dict, arch: str) -> dict:
     methods: dict[str, str] = {}
     checks: dict[str, bool] = {}
 
-    def check(name: str) -> None:
-        error, _reason = family.compare(problem, sets[0], expected, None, cupy)
+    def check(name: str, inputs: dict) -> None:
+        error, _reason = family.compare(problem, inputs, expected, None, cupy)
         checks[name] = error == 0.0
 
     launch = winner_launcher(cupy, family, problem, params, arch)
-    times["autogen"] = graph_us(cupy, lambda i: launch(sets[i]), k)
+    times["autogen"] = graph_us(cupy, lambda i, sets=sets: launch(sets[i]), k)
     methods["autogen"] = "cuda graph"
-    check("autogen")
+    check("autogen", sets[0])
 
     cub = cub_library()
     if cub is not None:
         peer = (cub.histogram_peer(cupy, problem["n"], problem["bins"]) if family.name == "histogram"
                 else cub.select_peer(cupy, problem.dtype, problem["n"]))
-        times["cub"] = graph_us(cupy, lambda i: peer.run(sets[i]), k)
+        times["cub"] = graph_us(cupy, lambda i, sets=sets: peer.run(sets[i]), k)
         methods["cub"] = peer.name + ", cuda graph"
-        check("cub")
+        check("cub", sets[0])
 
     if torch is not None:
         cupy.cuda.get_current_stream().synchronize()
@@ -269,19 +242,15 @@ def label(doc: dict) -> str:
     return f"copy_if {n} {shape['selectivity']} {shape['order'][:5]}"
 
 
-def row_text(doc: dict) -> str:
+def row_cells(doc: dict) -> tuple:
     m = doc.get("measured")
     if not m or "autogen" not in m["us"]:
-        return f"{label(doc):<28} no winner"
+        return (label(doc), "no winner")
     us = m["us"]
     torch_name = doc.get("best_torch")
-    cub = f"{us['cub']:>9.2f}" if "cub" in us else f"{'n/a':>9}"
-    tor = f"{us[torch_name]:>9.2f}" if torch_name else f"{'n/a':>9}"
-    xc = f"{doc['vs_cub']:>6.2f}" if doc.get("vs_cub") else f"{'-':>6}"
-    xt = f"{doc['vs_torch']:>6.2f}" if doc.get("vs_torch") else f"{'-':>6}"
-    met = "yes" if all(doc["targets"].values()) else "NO"
-    return (f"{label(doc):<28} {us['autogen']:>9.2f} {doc['input_gb_per_s']:>7.0f} {doc['pct_of_copy']:>6.1f} "
-            f"{cub} {xc} {tor} {xt} {met:>4}  {doc['winner']['kernel']}")
+    return (label(doc), num(us["autogen"], ".2f"), num(doc["input_gb_per_s"], ".0f"), num(doc["pct_of_copy"], ".1f"),
+            num(us.get("cub"), ".2f"), num(doc.get("vs_cub"), ".2f"), num(us.get(torch_name), ".2f"),
+            num(doc.get("vs_torch"), ".2f"), "yes" if all(doc["targets"].values()) else "NO", doc["winner"]["kernel"])
 
 
 def main(argv=None) -> int:
@@ -292,33 +261,29 @@ def main(argv=None) -> int:
     from autogen.core.registry import get_family
     from autogen.gpu.device import device_identity, require_cupy
     from autogen.gpu.peers import torch_cuda
-    from autogen.report import tune_summary
-    from autogen.search.tuner import TuneOptions, tune
 
     cupy = require_cupy()
     arch = device_identity().arch
     build = start_cub_build(args.out, arch)
     torch = torch_cuda()
     db_url = args.db or f"sqlite:///{args.out / 'bench_histogram_copy_if.db'}"
-    problems = [p for p in PROBLEMS if not args.only or p[0] == args.only]
-    reserve = 2.0 * len(problems)  # the in-process timings at the end, per problem
-    weights = [problem_weight(p) for p in problems]
+    selected = [p for p in PROBLEMS if not args.only or p[0] == args.only]
+    # ~4 s of start-up and finish per tune; the rest split by weight among the searches left,
+    # less the in-process timings at the end (2 s per problem).
+    budget = Budget(total_s=args.budget, fixed_s=4.0, at_least_s=4.0, reserve_s=2.0 * len(selected))
+
+    def options(problem) -> dict:
+        trials = args.trials or (args.hist_trials if problem.family == "histogram" else args.copy_if_trials)
+        return {"trials": trials, "db_url": db_url, "top_k": 3, "retime_rounds": 5}
+
     docs = []
-    for index, (family_name, dtype, dims) in enumerate(problems):
-        cub_ready(build, wait=False)
-        family = get_family(family_name)
-        problem = family.problem(dtype, **dims)
-        left = args.budget - (time.monotonic() - started) - reserve
-        # ~4 s of start-up and finish per tune; the rest split by weight among the searches left.
-        share = max(4.0, left * weights[index] / sum(weights[index:]) - 4.0)
-        trials = args.trials or (args.hist_trials if family_name == "histogram" else args.copy_if_trials)
-        t0 = time.monotonic()
-        result = tune(problem, TuneOptions(trials=trials, timeout_s=share, db_url=db_url, top_k=3,
-                                           retime_rounds=5))
-        doc = tune_summary(result)
-        doc["bench_wall_s"] = round(time.monotonic() - t0, 1)
-        docs.append((family, problem, doc))
+    cub_ready(build, wait=False)
+    problems = [get_family(name).problem(dtype, **dims) for name, dtype, dims in selected]
+    for problem, _result, doc in tune_each(problems, options, budget, map(problem_weight, selected), started):
+        docs.append((get_family(problem.family), problem, doc))
         print(f"tuned {problem} in {doc['bench_wall_s']} s", file=sys.stderr, flush=True)
+        write_results(args.out, "histogram_copy_if", doc["gpu"], {"problems": [d for _f, _p, d in docs]})
+        cub_ready(build, wait=False)
 
     cub_ready(build, wait=True)
     rows = []
@@ -340,15 +305,15 @@ def main(argv=None) -> int:
             doc["vs_torch"] = round(torch_times[doc["best_torch"]] / us["autogen"], 3) if torch_times else None
             doc["targets"] = targets(family.name, problem.shape, doc["vs_cub"], doc["vs_torch"])
         rows.append(doc)
-        (args.out / "bench_histogram_copy_if.json").write_text(json.dumps({"problems": rows}, indent=2, default=str))
+        still_to_measure = [d for _f, _p, d in docs[len(rows):]]
+        write_results(args.out, "histogram_copy_if", doc["gpu"], {"problems": rows + still_to_measure})
 
     total = time.monotonic() - started
-    (args.out / "bench_histogram_copy_if.json").write_text(
-        json.dumps({"problems": rows, "wall_s": round(total, 1), "database": db_url}, indent=2, default=str))
-    print(f"\n{'problem':<28} {'us':>9} {'GB/s in':>7} {'%copy':>6} {'CUB us':>9} {'xCUB':>6} {'torch us':>9} "
-          f"{'xtorch':>6} {'met':>4}  kernel")
-    for doc in rows:
-        print(row_text(doc))
+    write_results(args.out, "histogram_copy_if", rows[0]["gpu"] if rows else None,
+                  {"problems": rows, "wall_s": round(total, 1), "database": db_url})
+    print()
+    print(table(("problem", "us", "GB/s in", "%copy", "CUB us", "xCUB", "torch us", "xtorch", "met", "kernel"),
+                map(row_cells, rows)))
     print(f"\nGB/s in = 4 n bytes / time; %copy = bytes moved / time / measured copy bandwidth; torch = the "
           f"fastest torch peer (see JSON for methods); wall {total:.0f} s; winners in {db_url}")
     return 0

@@ -7,7 +7,7 @@
   one:    one shape, 240 trials, `--gpus 0` against `--gpus all`  (target: >= 1.6x)
 Every run starts from an empty database and an empty kernel cache (compiles included), as a
 user's first tune does. The winners of the 1-GPU and the all-GPU runs are compared by their
-stored (re-timed) times: within 2% is the target. Writes DIR/bench_multi_gpu.json, the logs, and
+stored (re-timed) times: within 2% is the target. Writes DIR/multi_gpu_<gpu>.json, the logs, and
 prints the table.
 """
 
@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchlib import results_path, table, write_results
 
 SHAPES = [(m, n) for m in (4096, 16384) for n in (16, 32, 128, 1024)]
 ONE = (16384, 16)
@@ -69,13 +71,13 @@ def main() -> int:
     parser.add_argument("--part", choices=["shapes", "one", "all"], default="all")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report_path = args.out / "bench_multi_gpu.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
     import cupy  # noqa: the GPUs this machine has, for the record
 
     count = cupy.cuda.runtime.getDeviceCount()
     names = [cupy.cuda.runtime.getDeviceProperties(i)["name"] for i in range(count)]
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    report_path = results_path(args.out, "multi_gpu", names[0] if names else None)
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
     report["gpus"] = names
     if count < 2:
         raise SystemExit(f"needs two GPUs or more; this machine has {count}")
@@ -87,15 +89,13 @@ def main() -> int:
         one = tune(args.out, "one_1gpu", [ONE], 240, "0")
         many = tune(args.out, "one_all", [ONE], 240, "all")
         report["one_problem"] = {"one_gpu": one, "all_gpus": many, **compare(one, many, 1.6)}
-    report_path.write_text(json.dumps(report, indent=1) + "\n")
+    write_results(args.out, "multi_gpu", names[0], report)
     print(f"GPUs: {', '.join(names)}")
-    print(f"{'benchmark':<28}{'1 GPU s':>10}{f'{count} GPUs s':>10}{'speedup':>9}{'target':>8}{'winners <=2%':>14}")
-    for key, label in (("shapes", "8 shapes x 60 trials"), ("one_problem", "1 shape x 240 trials")):
-        if key in report:
-            r = report[key]
-            print(f"{label:<28}{r['one_gpu']['wall_s']:>10.1f}{r['all_gpus']['wall_s']:>10.1f}"
-                  f"{r['speedup']:>8.2f}x{r['target']:>7.1f}x{str(r['winners_within_2pct']):>8} "
-                  f"(worst {100 * r['worst_winner_gap']:.1f}%)")
+    print(table(("benchmark", "1 GPU s", f"{count} GPUs s", "speedup", "target", "winners <=2%", "worst gap"),
+                ((label, f"{r['one_gpu']['wall_s']:.1f}", f"{r['all_gpus']['wall_s']:.1f}", f"{r['speedup']:.2f}x",
+                  f"{r['target']:.1f}x", r["winners_within_2pct"], f"{100 * r['worst_winner_gap']:.1f}%")
+                 for key, label in (("shapes", "8 shapes x 60 trials"), ("one_problem", "1 shape x 240 trials"))
+                 if (r := report.get(key)))))
     return 0
 
 

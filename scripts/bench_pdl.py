@@ -16,10 +16,11 @@ Usage: python3 scripts/bench_pdl.py --out DIR [--db URL] [--replays 20]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
+
+from benchlib import table, write_results
 
 PAIRS = 32
 SHAPES = [(4096, 4096), (16384, 16)]
@@ -141,17 +142,12 @@ def main() -> int:
     else:
         print("hgemv: not registered or without a pdl variant; skipped", file=sys.stderr)
     rows = [bench(cupy, name, dtype, m, n, args.replays) for name, dtype in cases for m, n in SHAPES]
-    report = {"gpu": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
-              "rows": rows}
-    (args.out / "bench_pdl.json").write_text(json.dumps(report, indent=2))
-    print(f"{report['gpu']}: {PAIRS} (producer, GEMV) pairs in one CUDA graph, us per pair (median of "
-          f"{args.replays} replays)")
-    print(f"{'family':>7} {'shape':>11} {'off':>8} {'on':>8} {'on,no attr':>10} {'speedup':>8} {'same y':>7} "
-          f"{'identical':>9}")
-    for r in rows:
-        print(f"{r['family']:>7} {r['shape']:>11} {r['off_us_per_pair']:>8} {r['on_us_per_pair']:>8} "
-              f"{r['on_no_attr_us_per_pair']:>10} {r['speedup_on_vs_off']:>7}x {str(r['on_matches_off']):>7} "
-              f"{str(r['on_identical_to_off']):>9}")
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    write_results(args.out, "pdl", gpu, {"rows": rows})
+    print(f"{gpu}: {PAIRS} (producer, GEMV) pairs in one CUDA graph, us per pair (median of {args.replays} replays)")
+    print(table(("family", "shape", "off", "on", "on,no attr", "speedup", "same y", "identical"),
+                ((r["family"], r["shape"], r["off_us_per_pair"], r["on_us_per_pair"], r["on_no_attr_us_per_pair"],
+                  f"{r['speedup_on_vs_off']}x", r["on_matches_off"], r["on_identical_to_off"]) for r in rows)))
     return 0 if all(r["on_identical_to_off"] for r in rows) else 1
 
 

@@ -4,7 +4,7 @@ Per shape: time, TFLOP/s, the share of the FP32 FMA peak measured here on this G
 independent FMA chains on every SM, timed in a CUDA graph like everything else), cuBLAS's time
 and TFLOP/s from the same tuning run, and the speedup. Per winner: registers, shared memory,
 local memory and resident blocks per SM from the loaded cubin, and (where cuobjdump is on PATH)
-the SASS instruction mix. Writes DIR/bench_sgemm.json, the winners' sources in DIR/winners/,
+the SASS instruction mix. Writes DIR/sgemm_<gpu>.json, the winners' sources in DIR/winners/,
 and prints a compact table last.
 
     python scripts/bench_sgemm.py --out DIR --db sqlite:///DIR/tuning.db [--budget-s 420] [--cli-cold-start]
@@ -39,6 +39,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import num, shape_text, table, tune_each, write_results
 
 # Per shape: (m, n, k), trials (variants measured at most), wall-clock limit of its search in
 # seconds (what normally ends it), finalists re-timed. In an order where each shape's nearest
@@ -202,6 +204,17 @@ def shape_limit(plan_s: float, deadline: float, later_shapes: int) -> float:
     return max(MIN_SHAPE_S, min(plan_s, left))
 
 
+def row_cells(doc: dict) -> tuple:
+    w = doc["winner"] or {}
+    res = w.get("resources", {})
+    return (shape_text(doc), w.get("kernel", doc.get("no_winner", "-")).removeprefix("sgemm_f32_"),
+            num(w.get("time_us"), ".2f"), num(w.get("tflop_per_s"), ".2f"), num(w.get("pct_of_fp32_peak"), ".1f"),
+            num(w.get("peer_time_us"), ".2f"), num(w.get("peer_tflop_per_s"), ".2f"),
+            num(w.get("peer_pct_of_fp32_peak"), ".1f"), num(w.get("speedup_vs_peer"), ".3f"), res.get("registers"),
+            res.get("blocks_per_sm"), res.get("local_bytes"), (doc.get("trials") or {}).get("measured"),
+            num(doc["wall_s"], ".1f"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -217,8 +230,6 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from autogen.core.registry import get_family
-    from autogen.report import tune_summary
-    from autogen.search.tuner import TuneOptions, tune
 
     report: dict = {}
     if args.cli_cold_start:
@@ -235,18 +246,22 @@ def main() -> int:
         known = {shape: entry for shape, *entry in PLAN}
         plan = [(shape, *known.get(shape, (8, 30, 5))) for shape in wanted]
     report["plan"] = []
-    rows = []
-    for index, ((m, n, k), trials, limit_s, top_k) in enumerate(plan):
-        problem = family.problem(m=m, n=n, k=k)
+
+    def options(_problem) -> dict:
+        """The next shape's trials, search limit (cut by the deadline, asked just before its
+        search) and finalists; recorded in the report."""
+        index = len(report["plan"])
+        (m, n, k), trials, limit_s, top_k = plan[index]
         timeout_s = shape_limit(limit_s, deadline, len(plan) - index - 1)
         trials = args.trials or trials
         report["plan"].append({"shape": f"{m}x{n}x{k}", "trials": trials, "timeout_s": round(timeout_s, 1),
                                "top_k": top_k})
         print(f"-- {m}x{n}x{k}: {trials} trials, {timeout_s:.0f} s, {len(plan) - index - 1} shapes after it, "
               f"{deadline - time.monotonic():.0f} s left", file=sys.stderr, flush=True)
-        result = tune(problem, TuneOptions(trials=trials, timeout_s=timeout_s, top_k=top_k, db_url=db_url,
-                                           workers=WORKERS))
-        doc = tune_summary(result)
+        return {"trials": trials, "timeout_s": timeout_s, "top_k": top_k, "db_url": db_url, "workers": WORKERS}
+
+    rows = []
+    for problem, _result, doc in tune_each([family.problem(m=m, n=n, k=k) for (m, n, k), *_ in plan], options):
         winner = doc["winner"]
         if winner is not None:
             flops = family.flops(problem)
@@ -260,7 +275,7 @@ def main() -> int:
             except Exception as exc:  # the report stands without it
                 winner["resources"] = {"error": f"{type(exc).__name__}: {exc}"}
         rows.append(doc)
-        (args.out / "bench_sgemm.json").write_text(json.dumps({**report, "shapes": rows}, indent=2))
+        write_results(args.out, "sgemm", peak["gpu"], {**report, "shapes": rows})
     report["shapes"] = rows
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["budget_s"] = args.budget_s
@@ -268,12 +283,11 @@ def main() -> int:
               ({"m": 4096, "n": 4096, "k": 4096}, {"m": 8192, "n": 8192, "k": 8192})]
     others = [d for d in rows if d["winner"] and d not in square]
     report["targets"] = {
-        "square_at_least_90pct_of_cublas": {
-            "x".join(map(str, d["problem"]["shape"].values())): d["winner"].get("speedup_vs_peer") for d in square},
+        "square_at_least_90pct_of_cublas": {shape_text(d): d["winner"].get("speedup_vs_peer") for d in square},
         "other_shapes_at_or_above_cublas": sum(1 for d in others if (d["winner"].get("speedup_vs_peer") or 0) >= 1.0),
         "other_shapes_needed": 3,
     }
-    (args.out / "bench_sgemm.json").write_text(json.dumps(report, indent=2))
+    write_results(args.out, "sgemm", peak["gpu"], report)
 
     if "cli_cold_start" in report:
         cli = report["cli_cold_start"]
@@ -281,18 +295,8 @@ def main() -> int:
               + ("timed out" if cli.get("timed_out") else f"exit {cli['exit_code']}"))
     print(f"\nmeasured FP32 FMA peak on {peak['gpu']}: {peak['tflop_per_s']} TFLOP/s; shapes {report['wall_s']} s "
           f"(budget {args.budget_s:.0f} s)")
-    print(f"{'shape':>16} {'winner (sgemm_f32_...)':<58} {'us':>9} {'TFLOP/s':>7} {'%peak':>5} {'cuBLAS us':>9} "
-          f"{'TFLOP/s':>7} {'%peak':>5} {'speedup':>7} {'regs':>4} {'b/SM':>4} {'lmem':>4} {'n':>3} {'tune s':>6}")
-    for doc in rows:
-        w = doc["winner"] or {}
-        res = w.get("resources", {})
-        shape = "x".join(str(v) for v in doc["problem"]["shape"].values())
-        kernel = w.get("kernel", "-").removeprefix("sgemm_f32_")
-        print(f"{shape:>16} {kernel:<58} {w.get('time_us') or 0:>9.2f} {w.get('tflop_per_s') or 0:>7.2f} "
-              f"{w.get('pct_of_fp32_peak') or 0:>5.1f} {w.get('peer_time_us') or 0:>9.2f} "
-              f"{w.get('peer_tflop_per_s') or 0:>7.2f} {w.get('peer_pct_of_fp32_peak') or 0:>5.1f} "
-              f"{w.get('speedup_vs_peer') or 0:>7.3f} {res.get('registers', 0):>4} {res.get('blocks_per_sm', 0):>4} "
-              f"{res.get('local_bytes', 0):>4} {(doc.get('trials') or {}).get('measured') or 0:>3} {doc['wall_s']:>6.1f}")
+    print(table(("shape", "winner (sgemm_f32_...)", "us", "TFLOP/s", "%peak", "cuBLAS us", "TFLOP/s", "%peak",
+                 "speedup", "regs", "b/SM", "lmem", "n", "tune s"), map(row_cells, rows)))
     return 0
 
 

@@ -1,7 +1,7 @@
 """The sgemv benchmark of the README: tune each shape, winner vs cuBLAS in the same run, cold.
 
 Also times `autogen tune sgemv --m 16384 --n 16` end to end from a cold start (empty kernel
-cache, empty database) as a user would run it. Writes bench_sgemv.json and prints a table.
+cache, empty database) as a user would run it. Writes sgemv_<gpu>.json and prints a table.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchlib import WINNER_HEADER, shape_text, table, tune_each, winner_cells, write_results
 
 SHAPES = [(16384, 16), (16384, 32), (16384, 128), (16384, 1024), (4096, 4096)]
 
@@ -45,28 +47,19 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     from autogen.core.registry import get_family
-    from autogen.report import tune_summary
-    from autogen.search.tuner import TuneOptions, tune
 
     report = {"cli_cold_start": cold_cli_run(args.out, 16384, 16, [])}
     db_url = args.db or f"sqlite:///{args.out / 'bench_tuning.db'}"
     family = get_family("sgemv")
-    rows = []
-    for m, n in SHAPES:
-        result = tune(family.problem(m=m, n=n), TuneOptions(trials=args.trials, db_url=db_url))
-        rows.append(tune_summary(result))
-    report["shapes"] = rows
-    (args.out / "bench_sgemv.json").write_text(json.dumps(report, indent=2))
+    report["shapes"] = rows = []
+    for _problem, _result, summary in tune_each([family.problem(m=m, n=n) for m, n in SHAPES],
+                                                {"trials": args.trials, "db_url": db_url}):
+        rows.append(summary)
+        write_results(args.out, "sgemv", rows[0]["gpu"], report)
 
     print(f"\ncold-start `autogen tune sgemv --m 16384 --n 16`: {report['cli_cold_start']['wall_s']} s "
           f"(again, warm: {report['cli_cold_start']['warm_wall_s']} s)")
-    print(f"{'shape':>14} {'kernel':<46} {'us':>8} {'cuBLAS us':>9} {'speedup':>7} {'GB/s':>7} {'%copy':>6}")
-    for doc in rows:
-        w = doc["winner"] or {}
-        shape = "x".join(str(v) for v in doc["problem"]["shape"].values())
-        print(f"{shape:>14} {w.get('kernel', '-'):<46} {w.get('time_us', 0):>8.3f} "
-              f"{w.get('peer_time_us') or 0:>9.3f} {w.get('speedup_vs_peer') or 0:>7.2f} "
-              f"{w.get('gb_per_s', 0):>7.0f} {w.get('pct_of_floor') or 0:>6.1f}")
+    print(table(("shape", *WINNER_HEADER), ((shape_text(doc), *winner_cells(doc)) for doc in rows)))
     return 0
 
 

@@ -6,7 +6,7 @@ the winner's quality against the exhaustive best (both re-timed interleaved in o
         [--cupy-cold] [--no-quality] [--also "reduce:--n 16777216" ...]
 
 --cupy-cold also empties CuPy's own kernel cache (CUPY_CACHE_DIR) for the cold run, which adds
-the NVRTC compiles of CuPy's elementwise kernels used by validation. Writes DIR/tune_speed.json.
+the NVRTC compiles of CuPy's elementwise kernels used by validation. Writes DIR/tune_speed_<gpu>.json.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import table, write_results
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,7 +35,7 @@ def run_tune(family: str, dims: list[str], env: dict, extra: list[str] = ()) -> 
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     document = json.loads(done.stdout)
-    return {"process_wall_s": round(wall, 3), "tuner_wall_s": document.get("wall_s"),
+    return {"gpu": document.get("gpu"), "process_wall_s": round(wall, 3), "tuner_wall_s": document.get("wall_s"),
             "phases_s": document.get("phases_s"), "winner": (document.get("winner") or {}).get("kernel"),
             "time_us": (document.get("winner") or {}).get("time_us"), "stderr_tail": done.stderr[-1500:]}
 
@@ -59,12 +61,12 @@ def quality(family_name: str, dims: list[str], env: dict, winner_db: str, base: 
     code = f"""
 import json, statistics, sys
 from tuning_db import TuningDB
-from autogen.compile import compile_cubin
-from autogen.family import get_family
-from autogen.options import problems_from_args
-from autogen.render import render
-from autogen.worker import Evaluator, WorkSpec
-from autogen.cli import build_parser
+from autogen.cli.main import build_parser
+from autogen.cli.options import problems_from_args
+from autogen.core.registry import get_family
+from autogen.core.render import render
+from autogen.gpu.compile import compile_cubin
+from autogen.gpu.worker import Evaluator, WorkSpec
 args = build_parser(get_family({family_name!r})).parse_args(["tune", {family_name!r}, *{dims!r}])
 family = get_family({family_name!r})
 (problem,) = problems_from_args(args, family)
@@ -144,17 +146,15 @@ def main() -> int:
     for extra in args.also:
         family, dims = extra.split(":", 1)
         report["runs"].append(bench_one(family, shlex.split(dims), args.cupy_cold, False))
-    (args.out / "tune_speed.json").write_text(json.dumps(report, indent=2))
+    write_results(args.out, "tune_speed", report["runs"][0]["cold"]["gpu"], report)
     print(f"imports: {report['imports']}")
+    print(table(("command", "run", "process s", "tuner s", "winner", "us", "phases s"),
+                ((run["command"], label, f"{run[label]['process_wall_s']:.2f}", run[label]["tuner_wall_s"],
+                  run[label]["winner"], run[label]["time_us"], run[label]["phases_s"])
+                 for run in report["runs"] for label in ("cold", "warm", "warm_again"))))
     for run in report["runs"]:
-        print(run["command"])
-        for label in ("cold", "warm", "warm_again"):
-            r = run[label]
-            print(f"  {label:>10}: process {r['process_wall_s']:.2f} s, tuner {r['tuner_wall_s']} s, "
-                  f"winner {r['winner']} {r['time_us']} us")
-            print(f"              phases {r['phases_s']}")
         if "quality" in run:
-            print(f"  quality: {run['quality']}")
+            print(f"{run['command']}: quality {run['quality']}")
     return 0
 
 

@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+from benchlib import tune_each
+
 GRID_M = (1024, 4096, 16384)
 GRID_N = (16, 32, 64, 128, 1024, 4096)
 README_SHAPES = ((16384, 16), (16384, 32), (16384, 128), (16384, 1024), (4096, 4096))
@@ -27,14 +29,13 @@ def main() -> int:
     from tuning_db import TuningDB
     from autogen.core.registry import get_family
     from autogen.catalog.pretuned import dump_catalog
-    from autogen.search.tuner import TuneOptions, tune
 
     db_url = args.db or f"sqlite:///{args.out / 'pretuned.db'}"
     family = get_family("sgemv")
     shapes = sorted(set(README_SHAPES) | {(m, n) for m in GRID_M for n in GRID_N})
     device = None
-    for m, n in shapes:
-        result = tune(family.problem(m=m, n=n), TuneOptions(trials=args.trials, db_url=db_url))
+    for _problem, result, _summary in tune_each([family.problem(m=m, n=n) for m, n in shapes],
+                                                {"trials": args.trials, "db_url": db_url}):
         device = result.device
     slug = re.sub(r"[^a-z0-9]+", "_", device.name.lower()).strip("_")
     path = args.out / f"pretuned_{slug}.json"

@@ -8,7 +8,7 @@ be within 2% there), so timing noise in the short runs does not decide it. Also:
 tuned twice with different seeds, both winners re-timed interleaved (target: within 2%).
 
 Usage: python3 scripts/search_quality.py --out DIR [--grid-db URL] [--seeds 3]
-Writes search_quality.json, and replay recordings (test assets) of the exhaustive tables.
+Writes search_quality_<gpu>.json, and replay recordings (test assets) of the exhaustive tables.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+import benchlib
 
 SHAPES = [(8192, 16)]
 # Databases go here, not to --out: only a few files come back from the GPU machine.
@@ -102,13 +104,12 @@ def main() -> int:
                                  "budget_per_run": budget, "strategies": rows,
                                  "quarter_of_exhaustive": evaluated / 4})
     report["repeatability"] = None if args.skip_repeatability else repeatability(args.out)
-    (args.out / "search_quality.json").write_text(json.dumps(report, indent=2))
-
-    print(f"{'shape':>10} {'exhaustive':>10} {'best us':>8} {'random':>18} {'tpe':>18} {'tpe+warm':>18} {'N/4':>6}")
-    for s in report["shapes"]:
-        cells = [f"{s['strategies'][k]['mean']} {s['strategies'][k]['evaluations']}" for k in ("random", "tpe", "tpe_warm")]
-        print(f"{s['shape']:>10} {s['exhaustive_evaluations']:>10} {s['exhaustive_best_us']:>8} "
-              + " ".join(f"{c:>18}" for c in cells) + f" {s['quarter_of_exhaustive']:>6.0f}")
+    benchlib.write_results(args.out, "search_quality", result.device.name if report["shapes"] else None, report)
+    strategies = ("random", "tpe", "tpe_warm")
+    print(benchlib.table(("shape", "exhaustive", "best us", *(f"{k} mean [runs]" for k in strategies), "N/4"),
+                         ((s["shape"], s["exhaustive_evaluations"], s["exhaustive_best_us"],
+                           *(f"{s['strategies'][k]['mean']} {s['strategies'][k]['evaluations']}" for k in strategies),
+                           f"{s['quarter_of_exhaustive']:.0f}") for s in report["shapes"])))
     r = report["repeatability"]
     if r:
         print(f"same shape tuned twice ({r['shape']}): {r['first']} {r['first_us']} us vs {r['second']} "

@@ -4,6 +4,7 @@ problems (the GPU part is the Evaluator's validate and retime, tested with the t
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from autogen.core.registry import get_family
@@ -12,6 +13,8 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ab_variants.py"
 
 
 def _script():
+    if str(SCRIPT.parent) not in sys.path:  # the script imports benchlib from its folder
+        sys.path.append(str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("ab_variants", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

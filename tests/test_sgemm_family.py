@@ -176,7 +176,7 @@ def test_default_config_without_a_problem_is_default_params_and_tiny_shapes_get_
     assert FAMILY.seed_configs(problem(7, 5, 9)) == [FAMILY.default_config(problem(7, 5, 9))]
 
 
-def test_searches_start_from_the_family_seeds_after_the_nearest_winners():
+def test_searches_start_from_the_family_seeds_after_the_nearest_winners(monkeypatch):
     import importlib.util
     from pathlib import Path
 
@@ -185,8 +185,9 @@ def test_searches_start_from_the_family_seeds_after_the_nearest_winners():
     p = problem(4096, 4096, 4096)
     assert warmstart.seeds(None, None, FAMILY, p, False) == [c.as_dict() for c in FAMILY.seed_configs(p)]
     assert len(FAMILY.seed_configs(p)) > 1
-    spec = importlib.util.spec_from_file_location(
-        "bench_sgemm", Path(__file__).resolve().parent.parent / "scripts" / "bench_sgemm.py")
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))  # the script imports benchlib from its folder
+    spec = importlib.util.spec_from_file_location("bench_sgemm", scripts / "bench_sgemm.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     # Shape budgets: every later shape keeps its minimum.
