@@ -1,12 +1,22 @@
-"""Shared fixtures. Tests marked `gpu` run only where CuPy sees an NVIDIA GPU."""
+"""Shared fixtures. Tests marked `gpu` run only where CuPy sees an NVIDIA GPU.
+
+The tests mirror the package's layout (tests/core, tests/gpu, tests/families, ...); helpers
+shared by several folders live in tests/support. Both are put on sys.path here, so a test module
+imports a helper, or another test module's fixtures, by its plain name."""
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+for _folder in sorted(p for p in TESTS.iterdir() if p.is_dir() and p.name not in ("assets", "__pycache__")):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,7 +12,7 @@ from autogen.cli.main import main
 from autogen.core.registry import get_family
 from autogen.testing.replay import ReplayEvaluator, load
 
-RECORDING = load(Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json")
+RECORDING = load(Path(__file__).parent.parent / "assets" / "replay_sgemv_8192x16.json")
 SGEMV = get_family("sgemv")
 
 

@@ -29,7 +29,6 @@ BENCH_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4097, 4097, 4097), (102
 
 
 def sample_configs() -> dict:
-    sys.path.insert(0, "tests")
     from nvcc_tools import extreme_configs
     from test_sgemm_family import tightest, tightest_capped
 
@@ -227,7 +226,6 @@ def test_exported_selftest_passes(tmp_path, db_url):
 
     if shutil.which("nvcc") is None or shutil.which("make") is None:
         pytest.skip("needs nvcc and make on PATH")
-    sys.path.insert(0, "tests")
     from test_export import store_winner
 
     device = device_identity()

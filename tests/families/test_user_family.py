@@ -23,7 +23,7 @@ from autogen.gpu.worker import WorkSpec
 from dbfixtures import H100
 from nvcc_tools import ARCHS, nvcc_compile, nvcc_or_skip
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))  # as `pip install ./examples` or PYTHONPATH=examples would
 

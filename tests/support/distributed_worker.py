@@ -1,6 +1,6 @@
-"""One tuner process for tests/test_distributed.py: the replay test aid standing in for a GPU.
+"""One tuner process for tests/distributed/test_distributed.py: the replay test aid standing in for a GPU.
 
-    python tests/distributed_worker.py DB_URL TRIALS DELAY_S LEASE_S SEED OUT.json [GPUS [MEET_DIR PARTIES]]
+    python tests/support/distributed_worker.py DB_URL TRIALS DELAY_S LEASE_S SEED OUT.json [GPUS [MEET_DIR PARTIES]]
 
 Tunes sgemv 8192 x 16 from the H100 recording, each evaluation taking DELAY_S, and writes what
 it evaluated and its counts to OUT.json (a process killed with SIGKILL writes nothing). With
@@ -17,14 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 from autogen.core.registry import get_family  # noqa: E402
 from autogen.distributed.multi_gpu import tune_problems  # noqa: E402
 from autogen.testing.replay import ReplayBackend, load  # noqa: E402
 from autogen.search.tuner import TuneOptions  # noqa: E402
 
-ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
+ASSET = Path(__file__).parent.parent / "assets" / "replay_sgemv_8192x16.json"
 PROBLEM = get_family("sgemv").problem(m=8192, n=16)
 
 

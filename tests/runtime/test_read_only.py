@@ -31,7 +31,7 @@ from autogen.runtime.dispatch import Dispatcher
 from autogen.core.registry import get_family
 
 SGEMV = get_family("sgemv")
-ASSET_0001 = Path(__file__).parent / "assets" / "tuning_db_rev0001.sql"
+ASSET_0001 = Path(__file__).parent.parent / "assets" / "tuning_db_rev0001.sql"
 SERVER = os.environ.get("AUTOGEN_TEST_POSTGRES_URL")
 
 

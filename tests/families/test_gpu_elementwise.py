@@ -34,7 +34,7 @@ def all_cubins():
         for dtype in DTYPES:
             for config in family.space.enumerate():
                 if dtype == "float32" and config["math"] == "half2":
-                    continue  # renders the math=float code (tests/test_gelu_family.py)
+                    continue  # renders the math=float code (tests/families/test_gelu_family.py)
                 name = family.kernel_name(dtype, config)
                 configs.setdefault((family_name, dtype), {})[name] = config
                 sources[name] = render(family, dtype, config)

@@ -17,7 +17,7 @@ from autogen.core.registry import get_family
 from autogen.testing.replay import ReplayBackend, load
 from autogen.search.tuner import TuneOptions, Tuner
 
-ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
+ASSET = Path(__file__).parent.parent / "assets" / "replay_sgemv_8192x16.json"
 if not ASSET.exists():  # written on the GPU by scripts/search_quality.py, then committed
     pytest.skip(f"recording {ASSET.name} not present", allow_module_level=True)
 RECORDING = load(ASSET)

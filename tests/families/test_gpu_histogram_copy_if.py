@@ -28,7 +28,7 @@ HISTOGRAM_SHAPES = [(1, 1, "uniform"), (37, 5, "skewed"), (4097, 256, "uniform")
                     (70_001, 20_000, "uniform"), (2**20 + 3, 256, "skewed")]
 COPY_IF_SHAPES = [(1, "p50"), (33, "p99"), (4097, "p01"), (65_537, "p50"), (2**20 + 3, "p99")]
 SAMPLE = 12  # random variants per family and dtype, on top of one holding each parameter choice
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def _sample(family) -> list:

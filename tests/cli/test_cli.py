@@ -11,7 +11,7 @@ import pytest
 from autogen.cli.main import main
 from conftest import gpu_unavailable_reason
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

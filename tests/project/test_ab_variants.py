@@ -9,7 +9,7 @@ from pathlib import Path
 
 from autogen.core.registry import get_family
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ab_variants.py"
+SCRIPT = Path(__file__).resolve().parent.parent.parent / "scripts" / "ab_variants.py"
 
 
 def _script():

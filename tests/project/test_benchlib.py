@@ -13,13 +13,13 @@ import pytest
 
 from autogen.report import render_table
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent.parent / "scripts"
 if str(SCRIPTS) not in sys.path:  # as `python scripts/bench_x.py` has it
     sys.path.append(str(SCRIPTS))
 
 import benchlib  # noqa: E402
 
-ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
+ASSET = Path(__file__).parent.parent / "assets" / "replay_sgemv_8192x16.json"
 
 
 @pytest.mark.parametrize("device, short", [

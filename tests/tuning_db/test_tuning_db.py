@@ -40,7 +40,7 @@ from tuning_db.engine import transaction, upsert_template
 from tuning_db.repository import TRIAL_KEY
 from conftest import checkout_env
 
-ASSET_0001 = Path(__file__).parent / "assets" / "tuning_db_rev0001.sql"
+ASSET_0001 = Path(__file__).parent.parent / "assets" / "tuning_db_rev0001.sql"
 H100 = DeviceIdentity("NVIDIA H100 80GB HBM3", "9.0", 132, 52428800, 13000, 13000, "13.0")
 A100 = DeviceIdentity("NVIDIA A100-SXM4-40GB", "8.0", 108, 41943040, 12040, 12040, "12.4")
 SHAPE = "m=16384,n=16"
@@ -345,7 +345,7 @@ def test_opening_a_database_at_head_does_not_import_alembic(tmp_path: Path):
             "assert not any(m == 'alembic' or m.startswith('alembic.') for m in sys.modules), "
             "sorted(m for m in sys.modules if m.startswith('alembic'))")
     done = subprocess.run([sys.executable, "-c", code, f"sqlite:///{path}"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parent.parent.parent)
     assert done.returncode == 0, done.stderr
 
 
@@ -417,7 +417,7 @@ def test_a_new_database_is_created_as_the_scripts_migrate_one(tmp_path: Path):
     code = ("import sys; from tuning_db import TuningDB; TuningDB(sys.argv[1]).close(); "
             "assert not any(m == 'alembic' or m.startswith('alembic.') for m in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code, f"sqlite:///{created}"], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent)
+                          cwd=Path(__file__).resolve().parent.parent.parent)
     assert done.returncode == 0, done.stderr
     _migrated_by_the_scripts(migrated)
     made, expected = _sqlite_schema(created), _sqlite_schema(migrated)

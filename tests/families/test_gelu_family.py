@@ -1,7 +1,7 @@
 """gelu on the CPU: space and constraints, pruning, problems, the float64 reference against an
 independent formula, poisoned and misaligned inputs, the launch geometry (a model of the kernels'
 sweep visits every element once), and the export self-test hook built with nvcc and run on the
-host. What the kernels compute on a GPU is tests/test_gpu_elementwise.py's business."""
+host. What the kernels compute on a GPU is tests/families/test_gpu_elementwise.py's business."""
 
 from __future__ import annotations
 
@@ -550,6 +550,6 @@ def test_selftest_without_a_gpu_fails_cleanly(harness):
     binary = harness.parent / "autogen_gelu_selftest"
     from conftest import gpu_unavailable_reason
     if gpu_unavailable_reason() is None:
-        pytest.skip("a GPU is present: tests/test_gpu_elementwise.py runs the self-test")
+        pytest.skip("a GPU is present: tests/families/test_gpu_elementwise.py runs the self-test")
     done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "no CUDA GPU available" in done.stdout

@@ -185,7 +185,7 @@ def test_searches_start_from_the_family_seeds_after_the_nearest_winners(monkeypa
     p = problem(4096, 4096, 4096)
     assert warmstart.seeds(None, None, FAMILY, p, False) == [c.as_dict() for c in FAMILY.seed_configs(p)]
     assert len(FAMILY.seed_configs(p)) > 1
-    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    scripts = Path(__file__).resolve().parent.parent.parent / "scripts"
     monkeypatch.syspath_prepend(str(scripts))  # the script imports benchlib from its folder
     spec = importlib.util.spec_from_file_location("bench_sgemm", scripts / "bench_sgemm.py")
     bench = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
 """bias_mask_scale_add on the CPU: space, pruning, problem checks (bias_size divides n), the
 float64 reference against an element-by-element formula, poisoned and misaligned inputs, the
 launch geometry, and `autogen export --self-test` (through the database) built with nvcc with the
-hook's host side run on the CPU. GPU behaviour: tests/test_gpu_elementwise.py."""
+hook's host side run on the CPU. GPU behaviour: tests/families/test_gpu_elementwise.py."""
 
 from __future__ import annotations
 

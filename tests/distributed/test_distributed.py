@@ -2,7 +2,7 @@
 shared Optuna study, and several GPUs of one machine (one problem's trials spread over helper
 processes), on SQLite and on PostgreSQL.
 
-Tuner processes run tests/distributed_worker.py with the replay test aid (timings recorded on an
+Tuner processes run tests/support/distributed_worker.py with the replay test aid (timings recorded on an
 H100) and an artificial delay per evaluation, so that they overlap as on GPUs. PostgreSQL runs
 where AUTOGEN_TEST_POSTGRES_URL names a server (.ci/run starts one); each test gets a database.
 """
@@ -36,7 +36,7 @@ from autogen.search.tuner import TuneOptions
 from conftest import checkout_env
 
 HERE = Path(__file__).parent
-ASSET = HERE / "assets" / "replay_sgemv_8192x16.json"
+ASSET = HERE.parent / "assets" / "replay_sgemv_8192x16.json"
 if not ASSET.exists():
     pytest.skip(f"recording {ASSET.name} not present", allow_module_level=True)
 RECORDING = load(ASSET)
@@ -77,7 +77,7 @@ def spawn(url: str, out: Path, trials: int, delay_s: float, seed: int, gpus: str
     together with the others of that many (worker or helper processes), meeting beside ``out``."""
     log = open(out.with_suffix(".log"), "w")
     meeting = [gpus, str(out.parent / "meeting"), str(parties)] if parties else [gpus]
-    return subprocess.Popen([sys.executable, str(HERE / "distributed_worker.py"), url, str(trials), str(delay_s),
+    return subprocess.Popen([sys.executable, str(HERE.parent / "support" / "distributed_worker.py"), url, str(trials), str(delay_s),
                              str(lease_s), str(seed), str(out), *meeting], stdout=log, stderr=subprocess.STDOUT,
                             env=checkout_env(), **popen)
 

@@ -15,7 +15,7 @@ from autogen.search.progress import ProgressOutput, TrialDone
 from autogen.testing.replay import ReplayBackend, load
 from autogen.search.tuner import TuneOptions, Tuner
 
-ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
+ASSET = Path(__file__).parent.parent / "assets" / "replay_sgemv_8192x16.json"
 PROBLEM = get_family("sgemv").problem(m=8192, n=16)
 
 

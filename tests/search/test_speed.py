@@ -18,7 +18,7 @@ from autogen.testing.replay import ReplayBackend, load
 from autogen.search.tuner import TuneOptions, Tuner
 from dbfixtures import H100, store_winner
 
-ASSET = Path(__file__).parent / "assets" / "replay_sgemv_8192x16.json"
+ASSET = Path(__file__).parent.parent / "assets" / "replay_sgemv_8192x16.json"
 SGEMV = get_family("sgemv")
 PROBLEM = SGEMV.problem(m=8192, n=16)
 
