@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, TypeVar
 
-from autogen.core.dtypes import DTYPE_TAGS  # noqa: F401  (re-exported: dtype name -> tag)
 
 T = TypeVar("T")
 
