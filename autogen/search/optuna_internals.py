@@ -1,9 +1,10 @@
 """Every use autogen makes of Optuna's private interfaces, fenced in this one module.
 
 Optuna promises nothing about names that begin with an underscore. pyproject.toml bounds optuna
-below its next minor release, and tests/search/test_optuna_internals.py fails when any touch-point
-below moves or changes its signature, so an upgrade is a decision: raise the bound, run that test,
-adapt this module. No other module of autogen names a private of Optuna (the same test scans them).
+to the releases this fence was checked on (below the next minor release), and
+tests/search/test_optuna_internals.py fails when any touch-point below moves or changes its
+signature, so an upgrade is a decision: run that test on the new release, adapt this module, raise
+the bound. No other module of autogen names a private of Optuna (the same test scans them).
 
 The touch-points, and why each is needed:
 
@@ -24,6 +25,9 @@ The touch-points, and why each is needed:
    candidates from the same model.
 6. ``TPESampler._sample``'s order: it hands one ``samples`` dict to _compute_acquisition_func and
    then to _compare, so candidates redrawn into its arrays are the ones compared.
+7. Not a name but a behaviour: a shared study on an RDBStorage is read through Optuna's
+   _CachedStorage, while add_trials writes to the RDBStorage beneath it; the cache must still
+   read the trials it did not write.
 
 Replaced by public interfaces, hence no longer touched: ``Study._storage`` and ``Study._study_id``
 (autogen.search.studies keeps the storages it opens and asks their get_study_id_from_name),
