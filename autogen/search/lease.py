@@ -7,7 +7,7 @@ from autogen.errors import UsageError
 
 # The longest lease a worker may take (--lease): a worker killed holding a claim delays the
 # others by at most this. A claim read with more time left than this was not written by a
-# worker keeping to it, and is taken over like a lapsed one (autogen.search.loop).
+# worker keeping to it, and is taken over like a lapsed one (autogen.search.claims).
 MAX_LEASE_S = 3600.0
 
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
-import re
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution
 from tuning_db import TuningDB
@@ -29,64 +27,22 @@ from autogen.gpu.compile import compile_options
 from autogen.errors import CompileError, UsageError
 from autogen.search.winner import trial_from_outcome
 from autogen.gpu.measure import time_into
-from autogen.search.lease import MAX_LEASE_S
 from autogen.core.problem import Config, Problem
 from autogen.search.progress import TrialDone
 from autogen.core.render import render, source_hash
 from autogen.core.space import Space
-from autogen.catalog.stored import unusable_reason, usable_trials
+from autogen.catalog.stored import unusable_reason
+from autogen.search.claims import Heartbeat, Lease, TakeOver, body_hash, new_owner
+from autogen.search.optuna_internals import FixedSpaceTPESampler
+from autogen.search.studies import PENALTY_US
 
 SAMPLERS = ("tpe", "random", "exhaustive")
-# Told to Optuna for rejected or failed variants: worse than any real time, still finite.
-PENALTY_US = 1e9
 
 optuna.logging.set_verbosity(logging.WARNING)
 
 
 def distributions(space: Space) -> dict[str, CategoricalDistribution]:
     return {p.name: CategoricalDistribution(p.choices) for p in space.params}
-
-
-class FixedSpaceTPESampler(optuna.samplers.TPESampler):
-    """TPE over a search space known in advance. Every trial of an autogen study has the same
-    distributions (one categorical per parameter), so the intersection of the trials' spaces
-    that TPE infers before each ask is always that space; computing it compared every trial's
-    distributions on every ask (a third of the tuner's host time at 300 asks)."""
-
-    def __init__(self, space: dict[str, CategoricalDistribution], **kwargs):
-        super().__init__(**kwargs)
-        self._fixed_space = dict(space)
-        # Set by the search: whether it would not measure a point (SearchLoop._would_skip).
-        # Such a proposal costs a whole ask (a TPE fit).
-        self.skip: Callable[[dict], bool] | None = None
-
-    def infer_relative_search_space(self, study, trial) -> dict:
-        return dict(self._fixed_space)
-
-    def _compute_acquisition_func(self, samples, mpe_below, mpe_above):
-        """TPE's acquisition of its candidates, with the ones the search would skip ranked last,
-        so that TPE proposes its best candidate the search will measure. Where all are skipped,
-        fresh candidates are drawn from the same model (into the same arrays, which TPE then
-        compares), up to REDRAWS times."""
-        values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
-        names = [name for name in self._fixed_space if name in samples]
-        if self.skip is None or not samples or len(names) != len(self._fixed_space):
-            return values  # not this sampler's whole space (a univariate fallback): leave it
-        for _ in range(REDRAWS):
-            skipped = np.array([self.skip({name: self._fixed_space[name].to_external_repr(samples[name][i])
-                                           for name in names})
-                                for i in range(len(values))], dtype=bool)
-            if not skipped.all():
-                return np.where(skipped, -np.inf, values)
-            fresh = mpe_below.sample(self._rng.rng, len(values))
-            for name in names:
-                samples[name][:] = fresh[name]
-            values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
-        return values
-
-
-# Fresh candidate batches TPE draws when every candidate is one the search would skip.
-REDRAWS = 8
 
 
 def make_sampler(name: str, seed: int | None, space: dict[str, CategoricalDistribution]) -> optuna.samplers.BaseSampler:
@@ -145,13 +101,13 @@ class _Pending:
     taken_over_from: str = ""  # the dead worker whose claim this was
 
 
-class SearchLoop:
+class SearchLoop(TakeOver):
     """Ask the shared study, claim the variant, render, compile ahead in the backend's pool,
     evaluate in order on the GPU worker, store every trial as it completes (marking its claim
     done), tell Optuna. A variant already measured (this run, an earlier one, or another worker),
     claimed by a live worker, or rendering the same code as one, is not measured again.
 
-    ``owner`` names this worker in claims (autogen.search.studies.new_owner); ``slot`` is its index
+    ``owner`` names this worker in claims (autogen.search.claims.new_owner); ``slot`` is its index
     among the problem's loops (its sampler's seed is offset by it, so two GPUs of one machine do
     not propose the same points). Once ``stop`` is set, the loop gives its claims back and ends
     at its next step, never midway through a database transaction as an exception raised by a
@@ -167,10 +123,10 @@ class SearchLoop:
         self.counts = counts
         self.progress = progress
         self.compile_options = " ".join(compile_options(device.arch))
-        self.owner = owner or studies.new_owner()
+        self.owner = owner or new_owner()
         self.slot = slot
         self.stop = stop or threading.Event()
-        self.lease = studies.Lease(options.lease_s)
+        self.lease = Lease(options.lease_s)
 
     def open_study(self) -> studies.SharedStudy:
         seed = self.options.seed
@@ -227,7 +183,7 @@ class SearchLoop:
             best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
             pending.append((entry, gpu.submit(self._measure, entry, best)))
 
-        with studies.Heartbeat(self.db, self.owner, self.lease):
+        with Heartbeat(self.db, self.owner, self.lease):
             try:
                 while True:
                     if self.stop.is_set():
@@ -338,7 +294,7 @@ class SearchLoop:
             self.idle_asks += 1
             return None
         config, name, source = outcome
-        variant = _body_hash(source, name)
+        variant = body_hash(source, name)
         with self._timed("claim"):
             claim = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
                                   self.lease.lease_s, budget=self.options.trials)
@@ -377,7 +333,7 @@ class SearchLoop:
             self.in_flight[name].trials.append(trial)
             return None
         source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
-        known = self.stored.get(name) or self.stored.get(self.by_body.get(_body_hash(source, name), ""))
+        known = self.stored.get(name) or self.stored.get(self.by_body.get(body_hash(source, name), ""))
         if known is not None:  # measured already (this run, or an earlier one): not measured again
             self.counts.reused += 1
             self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
@@ -388,84 +344,6 @@ class SearchLoop:
         self.counts.rejected += 1
         self.local.tell(trial, PENALTY_US)
         return None
-
-    # -- workers that died ------------------------------------------------------------------------
-
-    def _take_over_lapsed(self) -> list[_Pending]:
-        """Claims of this problem whose worker stopped beating (or that hold a lease longer than
-        any worker may take): taken over and compiled here. Another worker's claim whose params
-        are not a point of today's space naming its kernel is released: no one could take it over."""
-        taken = []
-        for claim in self.db.claims(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
-                                    self.options.cache_mode, running=True):
-            if claim.owner == self.owner:
-                continue
-            unusable = claim.params is None or unusable_reason(self.family, self.problem.dtype,
-                                                                self.problem.traits, claim)
-            if not unusable and 0 < claim.expires_in_s <= MAX_LEASE_S:
-                continue
-            if not unusable:
-                config = self.family.space.check(claim.params)
-                name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
-                source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
-                variant = _body_hash(source, name)
-                unusable = variant != claim.variant  # not the code its params render: never completed
-            if unusable:
-                if self.db.release_claim(self.device, claim):
-                    self.progress(f"released {claim.owner}'s claim of {claim.kernel_name}: it is not a point "
-                                  "of today's space rendering the variant claimed")
-                continue
-            got = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
-                                self.lease.lease_s, longest_lease_s=MAX_LEASE_S)
-            if got.status != "claimed":
-                continue  # another worker was quicker
-            self.counts.taken_over += 1
-            self.progress(f"taking over {name} from {got.previous} (its lease lapsed)")
-            self._repair_study(got.previous)
-            entry = self._pending([], config, name, source, variant, taken_over_from=got.previous)
-            self.in_flight[name] = entry
-            taken.append(entry)
-        return taken
-
-    def _repair_study(self, dead: str) -> None:
-        """The dead worker's measured variants that never reached the shared study (it writes
-        them in the background) are added by the worker that took its claim over."""
-        done = {c.kernel_name for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
-                                                      self.problem.shape_key, self.options.cache_mode)
-                if c.owner == dead and c.state == "done"}
-        trials, _skipped = usable_trials(self.family, self.problem, self.db.trials(
-            self.device, self.problem.family, self.problem.dtype, self.problem.shape_key, self.options.cache_mode))
-        measured = {t.kernel_name: (self.family.space.complete(t.params), t.time_us if t.status == "ok" else PENALTY_US)
-                    for t in trials if t.kernel_name in done}
-        if measured:
-            self.study.add_missing(measured, {"status": "recovered", "worker": dead})
-
-    def _drain(self, started: float) -> list[_Pending]:
-        """Wait while other workers hold live claims of this problem; returns the ones that lapse
-        meanwhile, taken over (empty once no claim is left running, or the time limit is up)."""
-        while True:
-            taken = self._take_over_lapsed()
-            if taken:
-                return taken
-            live = [c for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
-                                              self.problem.shape_key, self.options.cache_mode, running=True)
-                    if c.owner != self.owner]
-            if not live or self.stop.is_set():
-                return []
-            if self.timed_out(started):
-                self.progress(f"the time limit is up: not waiting for {len(live)} variant(s) other workers hold")
-                return []
-            wait = min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05))
-            if self.options.timeout_s is not None:  # woken for the time limit, too
-                wait = min(wait, max(0.05, self.options.timeout_s - (time.monotonic() - started)))
-            time.sleep(wait)
-
-    def _abandon(self) -> None:
-        """Interrupted: give the claims back at once, so that no one waits for their leases."""
-        try:
-            self.db.release_claims(self.owner)
-        except Exception:
-            pass  # the leases lapse anyway
 
     # -- measuring ----------------------------------------------------------------------------------
 
@@ -547,10 +425,3 @@ class SearchLoop:
         configs = (self.family.space.check(p) for p in points)
         return sum(1 for c in configs if self.family.kernel_name(self.problem.dtype, c, self.problem.traits) not in self.stored
                    and not self.family.reject_reason(self.problem, c))
-
-
-def _body_hash(source: str, kernel_name: str) -> str:
-    # Two configs that render the same code under different names (and comments) are one variant.
-    code = re.sub(r"//[^\n]*", "", source.replace(kernel_name, "KERNEL"))
-    return source_hash(code)
-

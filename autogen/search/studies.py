@@ -5,24 +5,21 @@ tables are not prefixed ``autogen_``, so the two never collide), named after wha
 measurements comparable: family, dtype, shape, cache mode and GPU model. Every process tuning
 that problem on that GPU model, on this machine or another one, opens the same study, so each
 sampler sees every trial. What keeps a variant from being measured twice, and the trial budget
-global, is autogen's claim table (TuningDB.claim); the Heartbeat below keeps a worker's claims
-alive, and a worker that stops beating (killed, machine lost) loses them after the lease: the
-others take its variants over (autogen.search.loop). Optuna's own trial heartbeat is not used: only
+global, is autogen's claim table (TuningDB.claim); a worker's Heartbeat keeps its claims alive,
+and a worker that stops beating (killed, machine lost) loses them after the lease: the others take
+its variants over (autogen.search.claims). Optuna's own trial heartbeat is not used: only
 finished trials are written to the shared study (see SharedStudy), so none is ever left RUNNING.
+Optuna's private interfaces that the batched writes need are in autogen.search.optuna_internals.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import math
-import os
 import secrets
-import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import optuna
@@ -33,25 +30,15 @@ from tuning_db import TuningDB
 
 from autogen.core.problem import Problem
 from autogen.core.space import Space
+from autogen.search.optuna_internals import add_trials
 
 log = logging.getLogger("autogen.search.studies")
 
 
 SQLITE_TIMEOUT_S = 30.0
 STORAGE_ATTEMPTS = 5  # workers starting together race to create Optuna's tables: retried
-
-
-@dataclass(frozen=True)
-class Lease:
-    """How long a worker's claims survive without a heartbeat; it beats six times per lease.
-    A killed worker's variant is taken over at most ``lease_s`` + one poll (``heartbeat_s`` / 2)
-    after its last beat."""
-
-    lease_s: float = 60.0
-
-    @property
-    def heartbeat_s(self) -> float:
-        return self.lease_s / 6
+# Told to Optuna for rejected or failed variants: worse than any real time, still finite.
+PENALTY_US = 1e9
 
 
 def study_name(problem: Problem, cache_mode: str, device, space: Space) -> str:
@@ -61,12 +48,6 @@ def study_name(problem: Problem, cache_mode: str, device, space: Space) -> str:
     lost a choice opens a new study (the stored trials that fit its space are told to it)."""
     return (f"autogen:{problem.family}:{problem.dtype}:{problem.shape_key}:{cache_mode}:"
             f"{device.name}:cc{device.compute_capability}:space-{space.digest()}")
-
-
-def new_owner(label: str = "") -> str:
-    """A worker's identity in claims: host, process, GPU and a random tag (unique per loop)."""
-    host = socket.gethostname()[:48]
-    return f"{host}:{os.getpid()}:{label or 'gpu'}:{secrets.token_hex(4)}"[:128]
 
 
 _storages: dict[tuple, optuna.storages.BaseStorage] = {}
@@ -163,90 +144,6 @@ class StudyWriteError(Exception):
         self.trials = trials
 
 
-def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, check_params: bool = True) -> None:
-    """Add finished trials (optuna.trial.create_trial templates: params, values, user attrs) to
-    an RDB study in one transaction of a few statements, the rows Optuna's add_trial writes.
-
-    Optuna's RDBStorage.create_new_trial takes a transaction and ~35 ORM statements per trial
-    of seven parameters (each parameter is read back and checked against the study's earlier
-    ones). Here the study row is locked as Optuna locks it for a new trial (SQLite: the write
-    lock of BEGIN IMMEDIATE; PostgreSQL: SELECT ... FOR UPDATE), so each trial's number is the
-    count of the study's trials before it, as Optuna's count_past_trials gives; the rows
-    below a trial (value, params, user attributes) go in one executemany per table. The parameters'
-    distributions are compared with the study's stored ones (``check_params``; ValueError
-    when they differ, as Optuna raises), which a caller writing the same space again skips."""
-    from optuna.distributions import check_distribution_compatibility, distribution_to_json, json_to_distribution
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-    from sqlalchemy import func, insert, select
-
-    for template in templates:
-        if template.state != TrialState.COMPLETE or template.values is None or len(template.values) != 1:
-            raise ValueError("add_trials writes finished single-objective trials only")
-        if template.system_attrs or template.intermediate_values:
-            raise ValueError("add_trials writes no system attributes or intermediate values")
-    with _create_scoped_session(rdb.scoped_session) as session:
-        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
-        templates = _new_kernels(session, study_id, templates)
-        if not templates:
-            return
-        if check_params:
-            names = sorted({name for t in templates for name in t.params})
-            stored = session.execute(
-                select(models.TrialParamModel.param_name, func.min(models.TrialParamModel.distribution_json))
-                .join(models.TrialModel, models.TrialParamModel.trial_id == models.TrialModel.trial_id)
-                .where(models.TrialModel.study_id == study_id, models.TrialParamModel.param_name.in_(names))
-                .group_by(models.TrialParamModel.param_name)).all()
-            previous = {name: json_to_distribution(text) for name, text in stored}
-            for template in templates:
-                for name, distribution in template.distributions.items():
-                    if name in previous:
-                        check_distribution_compatibility(previous[name], distribution)
-        past = session.scalar(select(func.count(models.TrialModel.trial_id))
-                              .where(models.TrialModel.study_id == study_id))
-        # Inserted in this order under the study's lock, so ids rise with the numbers.
-        rows = [models.TrialModel(study_id=study_id, number=past + i, state=template.state,
-                                  datetime_start=template.datetime_start,
-                                  datetime_complete=template.datetime_complete)
-                for i, template in enumerate(templates)]
-        session.add_all(rows)
-        session.flush()  # the trial ids (one INSERT per trial)
-        values, params, attrs = [], [], []
-        for row, template in zip(rows, templates):
-            value, value_type = models.TrialValueModel.value_to_stored_repr(template.value)
-            values.append({"trial_id": row.trial_id, "objective": 0, "value": value, "value_type": value_type})
-            for name, param in template.params.items():
-                distribution = template.distributions[name]
-                params.append({"trial_id": row.trial_id, "param_name": name,
-                               "param_value": distribution.to_internal_repr(param),
-                               "distribution_json": distribution_to_json(distribution)})
-            attrs.extend({"trial_id": row.trial_id, "key": key, "value_json": json.dumps(attr)}
-                         for key, attr in template.user_attrs.items())
-        for model, batch in ((models.TrialValueModel, values), (models.TrialParamModel, params),
-                             (models.TrialUserAttributeModel, attrs)):
-            if batch:  # one executemany per table
-                session.execute(insert(model.__table__), batch)
-
-
-def _new_kernels(session, study_id: int, templates: list) -> list:
-    """The templates whose variant (user attribute "kernel") the study does not hold yet. Two
-    workers may add one variant: its measurer, whose write waits for its batch, and a worker that
-    started meanwhile and found it in autogen's tables (SharedStudy.add_known). Read under the
-    study's lock, so whichever comes second adds nothing."""
-    from optuna.storages._rdb import models
-    from sqlalchemy import select
-
-    names = {json.dumps(t.user_attrs["kernel"]) for t in templates if "kernel" in t.user_attrs}
-    if not names:
-        return templates
-    held = set(session.scalars(
-        select(models.TrialUserAttributeModel.value_json)
-        .join(models.TrialModel, models.TrialUserAttributeModel.trial_id == models.TrialModel.trial_id)
-        .where(models.TrialModel.study_id == study_id, models.TrialUserAttributeModel.key == "kernel",
-               models.TrialUserAttributeModel.value_json.in_(names))))
-    return [t for t in templates if "kernel" not in t.user_attrs or json.dumps(t.user_attrs["kernel"]) not in held]
-
-
 class SharedStudy:
     """A worker's view of a shared study: its sampler runs on a local in-memory mirror.
 
@@ -272,8 +169,13 @@ class SharedStudy:
         # trials holding every parameter of its space) still learns from it.
         self.complete = complete
         self.problem_key = problem_key  # (device, family, dtype, shape key, cache mode): its claims
-        self.local = optuna.create_study(direction="minimize", sampler=sampler)
-        self._mirrored: set[int] = set()  # shared trial ids in the mirror
+        # The mirror's storage, kept to write trials with their states (and RUNNING ones' ids) as
+        # Study.add_trial cannot: BaseStorage's public interface, no Study internals.
+        self._mirror = optuna.storages.InMemoryStorage()
+        self.local = optuna.create_study(storage=self._mirror, direction="minimize", sampler=sampler)
+        self._mirror_id = self._mirror.get_study_id_from_name(self.local.study_name)
+        self._shared_id: int | None = None  # the shared study's id in its storage, once written to
+        self._mirrored: set[int] = set()  # numbers of the shared trials in the mirror
         self._known: set[str] = set()  # kernels in the mirror: from autogen's tables, or measured here
         self._running: dict[str, int] = {}  # others' claimed variants -> their RUNNING local trial
         self._last_refresh = -math.inf
@@ -306,25 +208,23 @@ class SharedStudy:
         self._mirror_running()
 
     def _mirror_finished(self) -> None:
-        storage_, study_id = self.local._storage, self.local._study_id
         for trial in self.shared.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            if trial._trial_id in self._mirrored or trial.user_attrs.get("worker") == self.owner:
+            if trial.number in self._mirrored or trial.user_attrs.get("worker") == self.owner:
                 continue
-            self._mirrored.add(trial._trial_id)
+            self._mirrored.add(trial.number)
             if trial.user_attrs.get("kernel") in self._known:
                 continue  # in the mirror already (from autogen's tables, or measured here)
             params = self.complete(trial.params)
             dists = {name: trial.distributions.get(name) or self.dists[name] for name in params}
-            storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+            self._mirror.create_new_trial(self._mirror_id, template_trial=optuna.trial.create_trial(
                 params=params, distributions=dists, value=trial.value))
 
     def _mirror_running(self) -> None:
-        storage_, study_id = self.local._storage, self.local._study_id
         live = {c.variant: c for c in self.db.claims(*self.problem_key, running=True)
                 if c.owner != self.owner and c.expires_in_s > 0 and c.params is not None}
         for variant, local in list(self._running.items()):
             if variant not in live:  # measured (its finished trial arrives above) or abandoned
-                storage_.set_trial_state_values(local, TrialState.FAIL)
+                self._mirror.set_trial_state_values(local, TrialState.FAIL)
                 del self._running[variant]
         for variant, claim in live.items():
             params = self.complete(claim.params)
@@ -335,7 +235,7 @@ class SharedStudy:
                                                      distributions=self.dists)
             except ValueError:  # params outside this space (another autogen version)
                 continue
-            self._running[variant] = storage_.create_new_trial(study_id, template_trial=template)
+            self._running[variant] = self._mirror.create_new_trial(self._mirror_id, template_trial=template)
 
     def record(self, params: dict, dists: dict, value: float, user_attrs: dict) -> None:
         """Add a measured variant to the shared study (in the background, in order).
@@ -368,12 +268,15 @@ class SharedStudy:
 
     def _add_trials(self, templates: list) -> None:
         """Add finished trials to the shared study in one transaction."""
-        backend = getattr(self.shared._storage, "_backend", self.shared._storage)
-        if not isinstance(backend, optuna.storages.RDBStorage):
+        shared = self.shared  # opened on storage(self.db.url)
+        rdb = storage(self.db.url)
+        if not isinstance(rdb, optuna.storages.RDBStorage):
             for template in templates:  # Optuna's in-memory storage (an in-memory database URL)
-                self.shared.add_trial(template)
+                shared.add_trial(template)
             return
-        add_trials(backend, self.shared._study_id, templates, check_params=not self._checked_params)
+        if self._shared_id is None:
+            self._shared_id = rdb.get_study_id_from_name(shared.study_name)
+        add_trials(rdb, self._shared_id, templates, check_params=not self._checked_params)
         self._checked_params = True
 
     def wait_open(self) -> None:
@@ -403,9 +306,8 @@ class SharedStudy:
         """Mirror what autogen's tables hold of this problem (kernel -> (params, value), every
         run's and worker's), and tell the shared study, in the background, those it does not know
         yet (measured before studies were shared, or by an older autogen)."""
-        storage_, study_id = self.local._storage, self.local._study_id
         for name, (params, value) in measured.items():
-            storage_.create_new_trial(study_id, template_trial=optuna.trial.create_trial(
+            self._mirror.create_new_trial(self._mirror_id, template_trial=optuna.trial.create_trial(
                 params=params, distributions=dists, value=value))
             self._known.add(name)
         self._add_lacking(measured, dists, {})
@@ -420,34 +322,3 @@ class SharedStudy:
             if missing:
                 self._add_trials(missing)
         self._writes.append(self._writer.submit(add))
-
-
-class Heartbeat:
-    """A thread that extends this worker's claims every ``lease.heartbeat_s`` seconds. A beat
-    that fails (the database away for a moment) is retried at the next one; the lease is
-    several beats long."""
-
-    def __init__(self, db: TuningDB, owner: str, lease: Lease):
-        self.db, self.owner, self.lease = db, owner, lease
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat {owner}", daemon=True)
-        self.beats = 0
-
-    def beat(self) -> None:
-        self.db.renew_claims(self.owner, self.lease.lease_s)
-        self.beats += 1
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.lease.heartbeat_s):
-            try:
-                self.beat()
-            except Exception as exc:  # retried at the next beat
-                log.warning("heartbeat of %s failed: %s", self.owner, exc)
-
-    def __enter__(self) -> "Heartbeat":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)

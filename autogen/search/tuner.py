@@ -180,7 +180,7 @@ class Tuner:
                stop: threading.Event | None = None) -> None:
         """One worker's search loop on ``backend``'s GPU; several run at once on one problem
         (one per GPU), each its own owner of claims in the shared study. ``stop``: see SearchLoop."""
-        from autogen.search import studies
+        from autogen.search.claims import new_owner
         from autogen.search.loop import SearchCounts, SearchLoop
 
         if backend.device.name != self.device.name:
@@ -189,7 +189,7 @@ class Tuner:
         label = "gpu" if device_index is None else f"gpu{device_index}"
         counts = SearchCounts()
         loop = SearchLoop(self.family, self.problem, self.options, self.db, self.device, backend, self.start,
-                          counts, self.progress, owner=studies.new_owner(label), slot=slot, stop=stop)
+                          counts, self.progress, owner=new_owner(label), slot=slot, stop=stop)
         try:
             loop.run(started)
         finally:

@@ -11,7 +11,7 @@ from tuning_db.records import DeviceIdentity, TrialRecord
 from autogen.core.dtypes import DTYPES
 from autogen.core.family import Family
 from autogen.core.problem import Problem, nearest, problem_of_record
-from autogen.search.loop import PENALTY_US
+from autogen.search.studies import PENALTY_US
 from autogen.catalog.stored import usable_trials
 
 NEAREST_SEEDS = 3  # winners of the nearest tuned shapes tried before the sampler's own picks

@@ -221,7 +221,7 @@ def _meeting(folder, helped) -> dict:
 
 def _claims_by_worker(url, problem=PROBLEM) -> dict[tuple[int, str], list[str]]:
     """Kernel names of the problem's claims by the worker that holds or held them: (process id,
-    GPU label), as studies.new_owner names it."""
+    GPU label), as claims.new_owner names it."""
     found = collections.defaultdict(list)
     for claim in TuningDB(url).claims(DEVICE, "sgemv", "float32", problem.shape_key):
         _host, pid, label, _tag = claim.owner.rsplit(":", 3)
@@ -467,13 +467,14 @@ def _statements(engine):
 
 
 def test_batched_study_writes_are_optunas_trials(url):
-    """studies.add_trials writes the rows Optuna's add_trial writes (numbers, params, values,
+    """add_trials writes the rows Optuna's add_trial writes (numbers, params, values,
     user attributes, times), in a few statements per batch and one more per trial."""
     TuningDB(url)
     rdb = studies.storage(url)
     import random
 
     from autogen.search.loop import distributions
+    from autogen.search.optuna_internals import add_trials
 
     dists = distributions(SGEMV.space)
     rng = random.Random(3)
@@ -486,10 +487,11 @@ def test_batched_study_writes_are_optunas_trials(url):
     for template in templates:
         one.add_trial(template)
     batched.add_trial(templates[0])  # written by Optuna: the batches number after it
+    batched_id = rdb.get_study_id_from_name("batched")
     seen, stop = _statements(rdb.engine)
-    studies.add_trials(rdb, batched._study_id, templates[1:2])
+    add_trials(rdb, batched_id, templates[1:2])
     single = len(seen)
-    studies.add_trials(rdb, batched._study_id, templates[2:])
+    add_trials(rdb, batched_id, templates[2:])
     stop()
     # Optuna's add_trial: ~35 statements for one trial of seven parameters; here one INSERT per
     # trial beside a fixed few (lock, checks, one executemany per child table).
@@ -505,7 +507,7 @@ def test_batched_study_writes_are_optunas_trials(url):
     stranger = optuna.trial.create_trial(params={**templates[0].params, "unroll": 3}, distributions=other_choices,
                                          value=1.0)
     with pytest.raises(ValueError):  # as Optuna refuses a parameter whose choices changed
-        studies.add_trials(rdb, batched._study_id, [stranger])
+        add_trials(rdb, batched_id, [stranger])
     assert len(rows("batched")) == len(templates)
 
 
@@ -614,12 +616,12 @@ def _dead_claim(url, params, lease_s, spoil=None):
     from tuning_db.records import TrialRecord
 
     from autogen.core.render import render
-    from autogen.search.loop import _body_hash
+    from autogen.search.claims import body_hash
 
     config = SGEMV.space.check(params)
     name = SGEMV.kernel_name("float32", config)
     trial = TrialRecord("sgemv", "float32", PROBLEM.shape_key, name, config.as_dict(), "rejected")
-    variant = _body_hash(render(SGEMV, "float32", config), name)
+    variant = body_hash(render(SGEMV, "float32", config), name)
     assert TuningDB(url).claim(DEVICE, trial, variant, "dead:1:gpu", lease_s).status == "claimed"
     if spoil is not None:
         import sqlite3

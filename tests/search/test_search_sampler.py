@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 from optuna.distributions import CategoricalDistribution
 
-from autogen.search.loop import FixedSpaceTPESampler
+from autogen.search.optuna_internals import FixedSpaceTPESampler
 
 SPACE = {"a": CategoricalDistribution([1, 2, 4, 8]), "b": CategoricalDistribution(["x", "y", "z"])}
 

@@ -202,11 +202,12 @@ WARM_ANSWER = r"""
 import json, sys
 from pathlib import Path
 from tuning_db.records import DeviceIdentity
-from autogen import cli, gpu
+from autogen.cli.main import main
+from autogen.gpu import device as gpu
 device = DeviceIdentity(**json.loads(Path(sys.argv[1]).read_text())["device"])
 gpu.require_gpu = lambda: None
 gpu.identity_for_lookup = lambda: device
-code = cli.main(["tune", "sgemv", "--m", "8192", "--n", "16", "--trials", "12", "--db", sys.argv[2]])
+code = main(["tune", "sgemv", "--m", "8192", "--n", "16", "--trials", "12", "--db", sys.argv[2]])
 print(json.dumps({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
 """
 # What the answer from the database must not import: the GPU's, the search's and the

@@ -1,0 +1,166 @@
+"""Claims: how workers tuning one problem share its variants. A worker claims a variant in autogen's
+claim table (TuningDB.claim) before it compiles it, keeps its claims alive with a Heartbeat, and
+takes over the claims of a worker that stopped beating (TakeOver, part of the search loop)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuning_db import TuningDB
+
+from autogen.catalog.stored import unusable_reason, usable_trials
+from autogen.core.render import render, source_hash
+from autogen.search.lease import MAX_LEASE_S
+from autogen.search.studies import PENALTY_US
+
+if TYPE_CHECKING:  # the loop imports this module
+    from autogen.search.loop import _Pending
+
+log = logging.getLogger("autogen.search.claims")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """How long a worker's claims survive without a heartbeat; it beats six times per lease.
+    A killed worker's variant is taken over at most ``lease_s`` + one poll (``heartbeat_s`` / 2)
+    after its last beat."""
+
+    lease_s: float = 60.0
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.lease_s / 6
+
+
+def new_owner(label: str = "") -> str:
+    """A worker's identity in claims: host, process, GPU and a random tag (unique per loop)."""
+    host = socket.gethostname()[:48]
+    return f"{host}:{os.getpid()}:{label or 'gpu'}:{secrets.token_hex(4)}"[:128]
+
+
+def body_hash(source: str, kernel_name: str) -> str:
+    """The variant a claim holds: its code with the kernel's name and the comments masked."""
+    # Two configs that render the same code under different names (and comments) are one variant.
+    code = re.sub(r"//[^\n]*", "", source.replace(kernel_name, "KERNEL"))
+    return source_hash(code)
+
+
+class Heartbeat:
+    """A thread that extends this worker's claims every ``lease.heartbeat_s`` seconds. A beat
+    that fails (the database away for a moment) is retried at the next one; the lease is
+    several beats long."""
+
+    def __init__(self, db: TuningDB, owner: str, lease: Lease):
+        self.db, self.owner, self.lease = db, owner, lease
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat {owner}", daemon=True)
+        self.beats = 0
+
+    def beat(self) -> None:
+        self.db.renew_claims(self.owner, self.lease.lease_s)
+        self.beats += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease.heartbeat_s):
+            try:
+                self.beat()
+            except Exception as exc:  # retried at the next beat
+                log.warning("heartbeat of %s failed: %s", self.owner, exc)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class TakeOver:
+    """The search loop's (autogen.search.loop.SearchLoop) dealings with workers that died: their
+    lapsed claims taken over, their unwritten trials added to the shared study, and the wait for
+    the other workers' live claims once asking is done. Uses the loop's problem, claims and study."""
+
+    def _take_over_lapsed(self) -> list[_Pending]:
+        """Claims of this problem whose worker stopped beating (or that hold a lease longer than
+        any worker may take): taken over and compiled here. Another worker's claim whose params
+        are not a point of today's space naming its kernel is released: no one could take it over."""
+        taken = []
+        for claim in self.db.claims(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
+                                    self.options.cache_mode, running=True):
+            if claim.owner == self.owner:
+                continue
+            unusable = claim.params is None or unusable_reason(self.family, self.problem.dtype,
+                                                                self.problem.traits, claim)
+            if not unusable and 0 < claim.expires_in_s <= MAX_LEASE_S:
+                continue
+            if not unusable:
+                config = self.family.space.check(claim.params)
+                name = self.family.kernel_name(self.problem.dtype, config, self.problem.traits)
+                source = render(self.family, self.problem.dtype, config, traits=self.problem.traits)
+                variant = body_hash(source, name)
+                unusable = variant != claim.variant  # not the code its params render: never completed
+            if unusable:
+                if self.db.release_claim(self.device, claim):
+                    self.progress(f"released {claim.owner}'s claim of {claim.kernel_name}: it is not a point "
+                                  "of today's space rendering the variant claimed")
+                continue
+            got = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
+                                self.lease.lease_s, longest_lease_s=MAX_LEASE_S)
+            if got.status != "claimed":
+                continue  # another worker was quicker
+            self.counts.taken_over += 1
+            self.progress(f"taking over {name} from {got.previous} (its lease lapsed)")
+            self._repair_study(got.previous)
+            entry = self._pending([], config, name, source, variant, taken_over_from=got.previous)
+            self.in_flight[name] = entry
+            taken.append(entry)
+        return taken
+
+    def _repair_study(self, dead: str) -> None:
+        """The dead worker's measured variants that never reached the shared study (it writes
+        them in the background) are added by the worker that took its claim over."""
+        done = {c.kernel_name for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
+                                                      self.problem.shape_key, self.options.cache_mode)
+                if c.owner == dead and c.state == "done"}
+        trials, _skipped = usable_trials(self.family, self.problem, self.db.trials(
+            self.device, self.problem.family, self.problem.dtype, self.problem.shape_key, self.options.cache_mode))
+        measured = {t.kernel_name: (self.family.space.complete(t.params), t.time_us if t.status == "ok" else PENALTY_US)
+                    for t in trials if t.kernel_name in done}
+        if measured:
+            self.study.add_missing(measured, {"status": "recovered", "worker": dead})
+
+    def _drain(self, started: float) -> list[_Pending]:
+        """Wait while other workers hold live claims of this problem; returns the ones that lapse
+        meanwhile, taken over (empty once no claim is left running, or the time limit is up)."""
+        while True:
+            taken = self._take_over_lapsed()
+            if taken:
+                return taken
+            live = [c for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
+                                              self.problem.shape_key, self.options.cache_mode, running=True)
+                    if c.owner != self.owner]
+            if not live or self.stop.is_set():
+                return []
+            if self.timed_out(started):
+                self.progress(f"the time limit is up: not waiting for {len(live)} variant(s) other workers hold")
+                return []
+            wait = min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05))
+            if self.options.timeout_s is not None:  # woken for the time limit, too
+                wait = min(wait, max(0.05, self.options.timeout_s - (time.monotonic() - started)))
+            time.sleep(wait)
+
+    def _abandon(self) -> None:
+        """Interrupted: give the claims back at once, so that no one waits for their leases."""
+        try:
+            self.db.release_claims(self.owner)
+        except Exception:
+            pass  # the leases lapse anyway

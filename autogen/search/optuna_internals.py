@@ -1,0 +1,175 @@
+"""Every use autogen makes of Optuna's private interfaces, fenced in this one module.
+
+Optuna promises nothing about names that begin with an underscore. pyproject.toml bounds optuna
+to the releases this fence was checked on (below the next minor release), and
+tests/search/test_optuna_internals.py fails when any touch-point below moves or changes its
+signature, so an upgrade is a decision: run that test on the new release, adapt this module, raise
+the bound. No other module of autogen names a private of Optuna (the same test scans them).
+
+The touch-points, and why each is needed:
+
+1. ``optuna.storages._rdb.models`` (StudyModel.find_or_raise_by_id, TrialModel, TrialValueModel and
+   its value_to_stored_repr, TrialParamModel, TrialUserAttributeModel): add_trials writes a worker's
+   measured variants as the rows Optuna's add_trial writes, in one transaction of a few statements.
+   Optuna has no public batch insert, and its add_trial takes a transaction per trial that held the
+   search loop's claims up (see add_trials).
+2. ``optuna.storages._rdb.storage._create_scoped_session`` over ``RDBStorage.scoped_session``: that
+   transaction is Optuna's own (its sessions, commit, rollback, StorageInternalError on a database
+   error), so a batch fails as Optuna's add_trial would.
+3. ``TPESampler._compute_acquisition_func(samples, mpe_below, mpe_above)``: FixedSpaceTPESampler
+   ranks last the candidates the search would skip, so an ask (a TPE fit) is not spent on a point
+   that is not measured. TPE has no public hook between drawing candidates and choosing one.
+4. ``TPESampler._rng.rng``: the sampler's seeded random state; redrawn candidates come from it, so
+   a seeded search stays reproducible.
+5. ``_ParzenEstimator.sample(rng, size)`` (the ``mpe_below`` TPE passes to 3): draws the fresh
+   candidates from the same model.
+6. ``TPESampler._sample``'s order: it hands one ``samples`` dict to _compute_acquisition_func and
+   then to _compare, so candidates redrawn into its arrays are the ones compared.
+7. Not a name but a behaviour: a shared study on an RDBStorage is read through Optuna's
+   _CachedStorage, while add_trials writes to the RDBStorage beneath it; the cache must still
+   read the trials it did not write.
+
+Replaced by public interfaces, hence no longer touched: ``Study._storage`` and ``Study._study_id``
+(autogen.search.studies keeps the storages it opens and asks their get_study_id_from_name),
+``_CachedStorage._backend`` (the shared RDBStorage is autogen.search.studies.storage's), and
+``FrozenTrial._trial_id`` (a trial's number is unique in its study).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import numpy as np
+import optuna
+from optuna.distributions import (CategoricalDistribution, check_distribution_compatibility, distribution_to_json,
+                                  json_to_distribution)
+from optuna.trial import TrialState
+from sqlalchemy import func, insert, select
+
+# Optuna's ORM models (``_rdb.models``) are imported where used, as Optuna itself imports them
+# lazily: the storage that needs them opens on a background thread (studies.open_storage_soon),
+# off the search's start.
+
+
+def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, check_params: bool = True) -> None:
+    """Add finished trials (optuna.trial.create_trial templates: params, values, user attrs) to
+    an RDB study in one transaction of a few statements, the rows Optuna's add_trial writes.
+
+    Optuna's RDBStorage.create_new_trial takes a transaction and ~35 ORM statements per trial
+    of seven parameters (each parameter is read back and checked against the study's earlier
+    ones). Here the study row is locked as Optuna locks it for a new trial (SQLite: the write
+    lock of BEGIN IMMEDIATE; PostgreSQL: SELECT ... FOR UPDATE), so each trial's number is the
+    count of the study's trials before it, as Optuna's count_past_trials gives; the rows
+    below a trial (value, params, user attributes) go in one executemany per table. The parameters'
+    distributions are compared with the study's stored ones (``check_params``; ValueError
+    when they differ, as Optuna raises), which a caller writing the same space again skips."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    for template in templates:
+        if template.state != TrialState.COMPLETE or template.values is None or len(template.values) != 1:
+            raise ValueError("add_trials writes finished single-objective trials only")
+        if template.system_attrs or template.intermediate_values:
+            raise ValueError("add_trials writes no system attributes or intermediate values")
+    with _create_scoped_session(rdb.scoped_session) as session:
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        templates = _new_kernels(session, study_id, templates)
+        if not templates:
+            return
+        if check_params:
+            names = sorted({name for t in templates for name in t.params})
+            stored = session.execute(
+                select(models.TrialParamModel.param_name, func.min(models.TrialParamModel.distribution_json))
+                .join(models.TrialModel, models.TrialParamModel.trial_id == models.TrialModel.trial_id)
+                .where(models.TrialModel.study_id == study_id, models.TrialParamModel.param_name.in_(names))
+                .group_by(models.TrialParamModel.param_name)).all()
+            previous = {name: json_to_distribution(text) for name, text in stored}
+            for template in templates:
+                for name, distribution in template.distributions.items():
+                    if name in previous:
+                        check_distribution_compatibility(previous[name], distribution)
+        past = session.scalar(select(func.count(models.TrialModel.trial_id))
+                              .where(models.TrialModel.study_id == study_id))
+        # Inserted in this order under the study's lock, so ids rise with the numbers.
+        rows = [models.TrialModel(study_id=study_id, number=past + i, state=template.state,
+                                  datetime_start=template.datetime_start,
+                                  datetime_complete=template.datetime_complete)
+                for i, template in enumerate(templates)]
+        session.add_all(rows)
+        session.flush()  # the trial ids (one INSERT per trial)
+        values, params, attrs = [], [], []
+        for row, template in zip(rows, templates):
+            value, value_type = models.TrialValueModel.value_to_stored_repr(template.value)
+            values.append({"trial_id": row.trial_id, "objective": 0, "value": value, "value_type": value_type})
+            for name, param in template.params.items():
+                distribution = template.distributions[name]
+                params.append({"trial_id": row.trial_id, "param_name": name,
+                               "param_value": distribution.to_internal_repr(param),
+                               "distribution_json": distribution_to_json(distribution)})
+            attrs.extend({"trial_id": row.trial_id, "key": key, "value_json": json.dumps(attr)}
+                         for key, attr in template.user_attrs.items())
+        for model, batch in ((models.TrialValueModel, values), (models.TrialParamModel, params),
+                             (models.TrialUserAttributeModel, attrs)):
+            if batch:  # one executemany per table
+                session.execute(insert(model.__table__), batch)
+
+
+def _new_kernels(session, study_id: int, templates: list) -> list:
+    """The templates whose variant (user attribute "kernel") the study does not hold yet. Two
+    workers may add one variant: its measurer, whose write waits for its batch, and a worker that
+    started meanwhile and found it in autogen's tables (SharedStudy.add_known). Read under the
+    study's lock, so whichever comes second adds nothing."""
+    from optuna.storages._rdb import models
+
+    names = {json.dumps(t.user_attrs["kernel"]) for t in templates if "kernel" in t.user_attrs}
+    if not names:
+        return templates
+    held = set(session.scalars(
+        select(models.TrialUserAttributeModel.value_json)
+        .join(models.TrialModel, models.TrialUserAttributeModel.trial_id == models.TrialModel.trial_id)
+        .where(models.TrialModel.study_id == study_id, models.TrialUserAttributeModel.key == "kernel",
+               models.TrialUserAttributeModel.value_json.in_(names))))
+    return [t for t in templates if "kernel" not in t.user_attrs or json.dumps(t.user_attrs["kernel"]) not in held]
+
+
+class FixedSpaceTPESampler(optuna.samplers.TPESampler):
+    """TPE over a search space known in advance. Every trial of an autogen study has the same
+    distributions (one categorical per parameter), so the intersection of the trials' spaces
+    that TPE infers before each ask is always that space; computing it compared every trial's
+    distributions on every ask (a third of the tuner's host time at 300 asks)."""
+
+    def __init__(self, space: dict[str, CategoricalDistribution], **kwargs):
+        super().__init__(**kwargs)
+        self._fixed_space = dict(space)
+        # Set by the search: whether it would not measure a point (SearchLoop._would_skip).
+        # Such a proposal costs a whole ask (a TPE fit).
+        self.skip: Callable[[dict], bool] | None = None
+
+    def infer_relative_search_space(self, study, trial) -> dict:
+        return dict(self._fixed_space)
+
+    def _compute_acquisition_func(self, samples, mpe_below, mpe_above):
+        """TPE's acquisition of its candidates, with the ones the search would skip ranked last,
+        so that TPE proposes its best candidate the search will measure. Where all are skipped,
+        fresh candidates are drawn from the same model (into the same arrays, which TPE then
+        compares), up to REDRAWS times."""
+        values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        names = [name for name in self._fixed_space if name in samples]
+        if self.skip is None or not samples or len(names) != len(self._fixed_space):
+            return values  # not this sampler's whole space (a univariate fallback): leave it
+        for _ in range(REDRAWS):
+            skipped = np.array([self.skip({name: self._fixed_space[name].to_external_repr(samples[name][i])
+                                           for name in names})
+                                for i in range(len(values))], dtype=bool)
+            if not skipped.all():
+                return np.where(skipped, -np.inf, values)
+            fresh = mpe_below.sample(self._rng.rng, len(values))
+            for name in names:
+                samples[name][:] = fresh[name]
+            values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        return values
+
+
+# Fresh candidate batches TPE draws when every candidate is one the search would skip.
+REDRAWS = 8
