@@ -346,7 +346,7 @@ class Family:
     def example_call(self, problem: Problem, cupy) -> tuple[tuple, dict] | None:
         """(args, kwargs) of a call of autogen.<api> at `problem`'s shape, made of CuPy arrays,
         with every output passed in (out=, y=...) so that the call is safe inside CuPy's stream
-        capture. Used by scripts/bench_dispatch.py and tests/test_gpu_capture.py; None: no
+        capture. Used by scripts/bench_dispatch.py and tests/runtime/test_gpu_capture.py; None: no
         example (the family is skipped there)."""
         return None
 

@@ -52,7 +52,7 @@ def register(family):
 # Names a dimension or trait cannot take: options of the family commands (a dimension becomes the
 # flag --<name>), the parser's own destinations, and the keywords of Family.problem and
 # autogen.lookup, which take the dimensions as keyword arguments beside them.
-# tests/test_family_hardening.py checks that this covers every option of the parser.
+# tests/core/test_family_hardening.py checks that this covers every option of the parser.
 RESERVED_DIM_NAMES = frozenset({
     "help", "trials", "timeout", "sampler", "seed", "cache", "workers", "no_warm_start", "eval_timeout", "refresh",
     "gpus", "lease", "json", "db", "dtype", "shapes", "gpu", "arch", "resources", "version",

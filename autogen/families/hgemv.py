@@ -267,7 +267,7 @@ class Hgemv(Family):
     dims = ("m", "n", "batch")
     dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
     export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
-    example_dims = {"m": 1000, "n": 1000, "batch": 4}  # the shape tests/test_gpu_capture.py calls
+    example_dims = {"m": 1000, "n": 1000, "batch": 4}  # the shape tests/runtime/test_gpu_capture.py calls
     dtypes = ("float16", "bfloat16")
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,

@@ -189,7 +189,7 @@ class Softmax(Family):
         out= form writes into the inputs' own y (torch.softmax(x, -1, out=y), or
         torch._softmax(x, -1, False, out=y) where the first is refused). A warm-up outside capture initialises torch's CUDA state, picks
         the out= form and loads torch's kernel for this shape and dtype. Checked on torch 2.11:
-        the replayed graph's output matches the float64 reference (tests/test_gpu_reduce_softmax.py)."""
+        the replayed graph's output matches the float64 reference (tests/families/test_gpu_reduce_softmax.py)."""
         from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:

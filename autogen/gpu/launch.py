@@ -4,7 +4,7 @@ CuPy's RawKernel (cupy.cuda.function.Function) launches with cuLaunchKernel and 
 attributes, and cuda-python is not a dependency of autogen. Programmatic dependent launch (PDL)
 needs CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION on the dependent kernel's launch, so
 this module calls cuLaunchKernelEx on libcuda directly, with the CUlaunchConfig and
-CUlaunchAttribute structs laid out as CUDA 12/13's cuda.h declares them (tests/test_launch.py
+CUlaunchAttribute structs laid out as CUDA 12/13's cuda.h declares them (tests/gpu/test_launch.py
 checks sizes and offsets against the header with a C compiler where one is present).
 
 With the attribute set, the kernel may start while the previous kernel on the stream is still
