@@ -91,7 +91,8 @@ def _prestart_gpu_work(args, problem) -> None:
     if os.environ.get("AUTOGEN_NO_PRESTART") or importlib.util.find_spec("cupy") is None:
         return
     from autogen.gpu.backend import prestart
-    from autogen.gpu.worker import WorkSpec, default_workers
+    from autogen.gpu.evaluator import WorkSpec
+    from autogen.gpu.worker import default_workers
     prestart(WorkSpec.of(problem, args.cache), args.workers or default_workers(), args.eval_timeout)
 
 
@@ -102,7 +103,8 @@ def cmd_bench(args) -> int:
     from autogen.gpu.device import require_cupy
     from autogen.core.render import render
     from autogen.catalog.stored import unusable_reason
-    from autogen.gpu.worker import IsolatedEvaluator, WorkSpec
+    from autogen.gpu.worker import IsolatedEvaluator
+    from autogen.gpu.evaluator import WorkSpec
 
     family = _family(args)
     (problem,) = problems_from_args(args, family)

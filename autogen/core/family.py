@@ -15,14 +15,16 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
 from autogen.core.dtypes import DTYPES
 from autogen.errors import UsageError
 from autogen.core.problem import Config, Problem
-from autogen.core.space import Space
+
+if TYPE_CHECKING:  # a family's space is checked by the registry; the contract only names its type
+    from autogen.core.space import Space
 
 # Each dimension must fit the kernels' 32-bit int arguments.
 MAX_DIM = 2**31 - 1
