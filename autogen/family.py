@@ -136,6 +136,9 @@ class Family:
     # a call (the same CuPy arrays with the same shapes, the same other arguments, device and
     # stream) from an earlier binding, behind guards, without running bind again (autogen.bound).
     reuse_bound_calls: bool = False
+    # The Python call as PyTorch sees it (autogen.torch.signature.OpSignature: operands in call
+    # order, outputs with their shapes): the family's torch.ops.autogen.<op>. None: no torch op.
+    op_signature = None
 
     # --- identity -------------------------------------------------------------------------
     @property
@@ -398,6 +401,9 @@ def register(family):
             raise FamilyError(f"{describe_family(instance)}: the call name autogen.{instance.api} is taken by "
                               f"{clash.name}")
     _REGISTRY[instance.name] = instance
+    torch_ops = sys.modules.get("autogen.torch.ops")
+    if torch_ops is not None and hasattr(torch_ops, "_on_register"):  # its torch op, where torch's are in use
+        torch_ops._on_register(instance)
     return family
 
 
@@ -462,6 +468,9 @@ def _check_definition(family: Family) -> None:
     except InvalidConfigError as exc:
         raise FamilyError(f"{where}: default_params: {exc}") from None
     _check_templates_exist(family, where)
+    if family.op_signature is not None:
+        from .torch.signature import check_signature
+        check_signature(family)
 
 
 def _check_names(where: str, kind: str, names: tuple, reserved: frozenset) -> None:

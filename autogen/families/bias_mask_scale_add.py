@@ -13,6 +13,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, to_float64, to_storage
 from ..errors import ArgumentError, UsageError
+from ..torch.signature import OpSignature, Output, Scalar, Tensor
 from ..family import Family, Launch, Peer, Step, dtype_name, kernel_scalar, new_output, register
 from ..problem import Config, Problem
 from . import _elementwise as ew
@@ -51,6 +52,9 @@ class BiasMaskScaleAdd(Family):
     space = ew.make_space(max_ept=8)
     default_params = ew.DEFAULT_PARAMS
     outputs = ("y",)
+    op_signature = OpSignature(
+        (Tensor("x"), Tensor("bias"), Tensor("mask"), Scalar("scale", "float"), Tensor("addend")),
+        (Output("out", lambda x: tuple(x.shape), "x"),))
     # x, bias, addend and y hold float, fp16 or bf16 bit patterns as the kernel name's dtype tag
     # says; mask one byte per element.
     c_params = ("const void* x, const void* bias, const unsigned char* mask, float scale, const void* addend, "

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..dtypes import DTYPES, to_float64, to_storage
 from ..errors import ArgumentError
+from ..torch.signature import OpSignature, Output, Scalar, Tensor
 from ..family import Family, Launch, Peer, Step, Trait, dtype_name, kernel_scalar, new_output, register
 from ..problem import Config, Problem
 from ..space import Param
@@ -81,6 +82,8 @@ class Gelu(Family):
               "logistic normal CDF within 3e-5 of GELU (9 instructions); fp32 always uses erff"),))
     default_params = {**ew.DEFAULT_PARAMS, "erf": "erff"}
     outputs = ("y",)
+    op_signature = OpSignature((Tensor("x"), Scalar("approximate", "str", "tanh")),
+                               (Output("out", lambda x: tuple(x.shape), "x"),))
     # x and y hold float, fp16 or bf16 bit patterns as the kernel name's dtype tag says; approximate
     # is 1 for the tanh form, 0 for the erf form.
     c_params = "const void* x, void* y, int n, int approximate"

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import ArgumentError, GpuUnavailableError
 from ..problem import Config, Problem
 from ..space import Param, Space
+from ..torch.signature import OpSignature, Output, Scalar, Tensor
 from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar,
                       new_output, register, stream_workspace)
 
@@ -74,6 +75,7 @@ class Reduce(Family):
     default_params = {"block_size": 256, "vector_width": 4, "unroll": 4, "elements_per_thread": 32,
                       "block_reduce": "shfl", "cross_block": "last_block"}
     outputs = ("out",)
+    op_signature = OpSignature((Tensor("x"),), (Output("out", lambda: (), "float32"),))  # a 0-d sum
     # x holds float (f32 variants) or __half (f16 variants), as the kernel name's dtype tag says;
     # `const void*` keeps one signature for both dtypes. out is one float.
     c_params = "const void* x, float* out, int n"

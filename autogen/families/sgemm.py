@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import ArgumentError, UsageError
 from ..problem import Config, Problem
 from ..space import Param, Space
+from ..torch.signature import OpSignature, Output, Scalar, Tensor
 from ..family import Family, Launch, Peer, Step, device_array, kernel_scalar, new_output, random_uniform, register
 from ..gpu import sm_count
 
@@ -277,6 +278,9 @@ class Sgemm(Family):
                       "warp_layout": "4x8", "vector_width": 4, "store_width": 4, "smem_pad": 4,
                       "pipeline": "regs", "split_k": 1, "min_blocks": 1, "fma_order": "ij"}
     outputs = ("C",)
+    op_signature = OpSignature(
+        (Tensor("A"), Tensor("B"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
+        (Output("C", lambda A, B: (A.shape[0], B.shape[1]), "float32", read_when="beta"),))
     c_params = "const float* A, const float* B, float* C, int m, int n, int k, float alpha, float beta"
     # The error is relative to alpha |A| |B| + beta |C| (reference_magnitude), the scale fp32
     # rounding of k-term sums grows with; a correct kernel shows ~1e-7 at any k.

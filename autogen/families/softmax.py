@@ -8,6 +8,7 @@ import numpy as np
 from ..errors import ArgumentError
 from ..problem import Config, Problem
 from ..space import Param, Space
+from ..torch.signature import OpSignature, Output, Scalar, Tensor
 from ..family import (Family, Launch, Peer, Step, device_array, dtype_name, kernel_scalar, new_output,
                       random_uniform, register)
 
@@ -77,6 +78,7 @@ class Softmax(Family):
     default_params = {"threads_per_row": 32, "vector_width": 4, "unroll": 8, "reduce": "shfl",
                       "row_cache": "registers", "passes": "online"}
     outputs = ("y",)
+    op_signature = OpSignature((Tensor("x"),), (Output("out", lambda x: tuple(x.shape), "x"),))
     # x and y hold float (f32 variants) or __half (f16 variants), as the kernel name's dtype tag
     # says; `void*` keeps one signature for both dtypes.
     c_params = "const void* x, void* y, int rows, int cols"
