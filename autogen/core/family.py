@@ -120,6 +120,9 @@ class Family:
     # a call (the same CuPy arrays with the same shapes, the same other arguments, device and
     # stream) from an earlier binding, behind guards, without running bind again (autogen.runtime.bound_calls).
     reuse_bound_calls: bool = False
+    # The Python call as PyTorch sees it (autogen.core.signature.OpSignature: operands in call
+    # order, outputs with their shapes): the family's torch.ops.autogen.<op>. None: no torch op.
+    op_signature = None
 
     # --- identity -------------------------------------------------------------------------
     @property
