@@ -15,7 +15,7 @@ from autogen.errors import UsageError
 from autogen.torch.models import PRESETS, decode_plan, load_model, model_from_config
 from autogen.torch.report import model_report_html, model_rows, model_table, step_estimates
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 LLAMA_3_8B_CONFIG = {  # Meta-Llama-3-8B's config.json, the keys that matter and a few that do not
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,

@@ -15,7 +15,7 @@ from autogen import Family
 from autogen.core.registry import all_families
 from autogen.core.signature import op_name
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WITH_CALLS = [f for f in all_families().values() if type(f).bind is not Family.bind]
 
 
@@ -23,7 +23,7 @@ def test_import_autogen_does_not_import_torch():
     code = ("import sys, autogen, autogen.torch, autogen.torch.models; autogen.all_families(); "
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.strip() == "False", done.stderr
 
 
