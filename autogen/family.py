@@ -17,7 +17,9 @@ from autogen.core.operands import (
     stream_workspace,
 )
 from autogen.core.registry import all_families, family_for_api, get_family, register
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 __all__ = ["MAX_DIM", "Family", "Launch", "Peer", "Step", "Trait", "all_families", "call_stream_ptr",
            "device_array", "dtype_name", "family_for_api", "get_family", "kernel_scalar", "new_output",
+           "OpSignature", "Output", "Scalar", "Tensor",
            "random_uniform", "register", "stream_capturing", "stream_workspace"]

@@ -58,7 +58,7 @@ def ab_problem(family, problem, configs, rounds: int) -> dict:
     from autogen.gpu.compile import compile_many
     from autogen.gpu.device import device_identity
     from autogen.core.render import render
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     evaluator = Evaluator(WorkSpec.of(problem))
     names = {family.kernel_name(problem.dtype, c): c for c in configs}

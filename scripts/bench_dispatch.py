@@ -157,7 +157,7 @@ def regret(db_url: str, out: Path, trials: int) -> list[dict]:
     from autogen.gpu.compile import compile_cubin
     from autogen.core.registry import get_family
     from autogen.core.render import render
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     own_db = f"sqlite:///{out / 'regret_own.db'}"

@@ -66,7 +66,7 @@ from autogen.cli.options import problems_from_args
 from autogen.core.registry import get_family
 from autogen.core.render import render
 from autogen.gpu.compile import compile_cubin
-from autogen.gpu.worker import Evaluator, WorkSpec
+from autogen.gpu.evaluator import Evaluator, WorkSpec
 args = build_parser(get_family({family_name!r})).parse_args(["tune", {family_name!r}, *{dims!r}])
 family = get_family({family_name!r})
 (problem,) = problems_from_args(args, family)

@@ -123,7 +123,7 @@ def repeatability(out: Path) -> dict:
     from autogen.core.registry import get_family
     from autogen.core.render import render
     from autogen.search.tuner import TuneOptions, tune
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     problem = family.problem(m=16384, n=16)

@@ -24,7 +24,7 @@ def run(args) -> int:
     if hasattr(args, "db"):
         args.db = check_db_url(args.db)
     handler = {"tune": cmd_tune, "bench": cmd_bench, "list": cmd_list, "show": cmd_show, "db": cmd_db,
-               "export": cmd_export}
+               "export": cmd_export, "tune-model": cmd_tune_model}
     return handler[args.command](args)
 
 
@@ -39,6 +39,21 @@ def cmd_tune(args) -> int:
     check_tune_options(args)
     check_storing_db(args.db, "tune")
     problems = problems_from_args(args, _family(args))
+    documents = tune_documents(args, problems, tables=not args.json)
+    if args.json:
+        print(to_json(documents[0] if len(documents) == 1 else documents))
+    return 0 if all(d["winner"] for d in documents) else 1
+
+
+def cmd_tune_model(args) -> int:
+    from autogen.cli.tune_model import cmd_tune_model as run_it
+    return run_it(args)
+
+
+def tune_documents(args, problems, tables: bool) -> list[dict]:
+    """Tune `problems` with the tune options in `args` (the GPUs of --gpus, resuming from the
+    database), each problem's summary (autogen.report.tune_summary) in order; `tables`: print
+    each problem's table as it finishes."""
     if getattr(args, "gpus", None) is None:
         _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
     from autogen.distributed.multi_gpu import parse_gpus, resolve_gpus, tune_problems
@@ -67,19 +82,18 @@ def cmd_tune(args) -> int:
 
     def show(result) -> None:  # each table as its problem finishes (several GPUs: in that order)
         progress.finish(str(result.problem))
-        if not args.json:
+        if tables:
             with progress.aside():
                 print(tune_table(tune_summary(result)) + ("\n" if len(problems) > 1 else ""), flush=True)
 
     try:
-        documents = [tune_summary(result) for result in tune_problems(problems, options, progress, on_result=show)]
+        results = tune_problems(problems, options, progress, on_result=show)
     finally:
         progress.close()
         from autogen.gpu.backend import discard_prestarted
         discard_prestarted()  # unused when the database answered
-    if args.json:
-        print(to_json(documents[0] if len(documents) == 1 else documents))
-    return 0 if all(d["winner"] for d in documents) else 1
+    by_problem = {result.problem: tune_summary(result) for result in results}
+    return [by_problem[problem] for problem in problems]
 
 
 def _prestart_gpu_work(args, problem) -> None:
@@ -91,7 +105,8 @@ def _prestart_gpu_work(args, problem) -> None:
     if os.environ.get("AUTOGEN_NO_PRESTART") or importlib.util.find_spec("cupy") is None:
         return
     from autogen.gpu.backend import prestart
-    from autogen.gpu.worker import WorkSpec, default_workers
+    from autogen.gpu.evaluator import WorkSpec
+    from autogen.gpu.worker import default_workers
     prestart(WorkSpec.of(problem, args.cache), args.workers or default_workers(), args.eval_timeout)
 
 
@@ -102,7 +117,8 @@ def cmd_bench(args) -> int:
     from autogen.gpu.device import require_cupy
     from autogen.core.render import render
     from autogen.catalog.stored import unusable_reason
-    from autogen.gpu.worker import IsolatedEvaluator, WorkSpec
+    from autogen.gpu.worker import IsolatedEvaluator
+    from autogen.gpu.evaluator import WorkSpec
 
     family = _family(args)
     (problem,) = problems_from_args(args, family)

@@ -33,7 +33,7 @@ from autogen.cli.options import (
 )
 
 FAMILY_COMMANDS = ("tune", "bench", "show")
-COMMANDS = ("tune", "bench", "list", "show", "export", "db")
+COMMANDS = ("tune", "bench", "list", "show", "export", "db", "tune-model")
 STDOUT_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a process that SIGPIPE ended
 
 
@@ -129,6 +129,39 @@ def _add_db_arg(parser: argparse.ArgumentParser) -> None:
                         help="database URL or SQLite file (default: $AUTOGEN_DB, else ~/.cache/autogen/tuning.db)")
 
 
+def _add_tune_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a search (tune, tune-model)."""
+    parser.add_argument("--trials", type=_by(signed_int, "--trials"), default=60, help="variants to measure (default 60)")
+    parser.add_argument("--timeout", type=_by(strict_float, "--timeout"), help="stop searching after this many seconds")
+    parser.add_argument("--sampler", default="tpe", choices=["tpe", "random", "exhaustive"])
+    parser.add_argument("--seed", type=_by(signed_int, "--seed"), default=0, help="sampler seed, 0 to 2^32-1 (default 0)")
+    parser.add_argument("--cache", default="cold", choices=["cold", "hot"],
+                        help="cold: rotate input sets larger than 4x L2 (default); hot: one set")
+    parser.add_argument("--workers", type=_by(signed_int, "--workers"),
+                        help="compile processes (default: half the cores, at most 8)")
+    parser.add_argument("--no-warm-start", action="store_true", help="do not seed from nearby tuned shapes")
+    parser.add_argument("--eval-timeout", type=_by(strict_float, "--eval-timeout"), default=60.0,
+                        help="seconds before a variant counts as hung")
+    parser.add_argument("--refresh", action="store_true",
+                        help="re-time a stale winner's best few trials in this environment (driver, runtime, NVRTC, "
+                             "autogen or template changed) instead of searching")
+    parser.add_argument("--gpus", metavar="all|N,N...",
+                        help="tune on these GPUs of this machine, one isolated evaluator each: problems "
+                             "are spread over them, and a problem's trials too when problems run out "
+                             "(default: the current GPU)")
+    parser.add_argument("--lease", type=_by(strict_float, "--lease"), default=60.0, metavar="S",
+                        help="a worker that stops (killed, machine lost) has its variants taken over by "
+                             "the others sharing the database this long after its last heartbeat (default 60, "
+                             f"at most {MAX_LEASE_S:g}; a claim holding more is taken over)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_db_arg(parser)
+
+
+def _model_presets() -> list[str]:
+    from autogen.torch.models import PRESETS
+    return list(PRESETS)
+
+
 def build_parser(family=None) -> argparse.ArgumentParser:
     parser = _Parser(prog="autogen", description="Code-generating CUDA kernel autotuner.")
     parser.add_argument("--version", action="version", version=f"autogen {__version__}")
@@ -136,30 +169,18 @@ def build_parser(family=None) -> argparse.ArgumentParser:
 
     tune = commands.add_parser("tune", help="search a family's variants for a shape and store the winner")
     _add_family_args(tune, family, many=True)
-    tune.add_argument("--trials", type=_by(signed_int, "--trials"), default=60, help="variants to measure (default 60)")
-    tune.add_argument("--timeout", type=_by(strict_float, "--timeout"), help="stop searching after this many seconds")
-    tune.add_argument("--sampler", default="tpe", choices=["tpe", "random", "exhaustive"])
-    tune.add_argument("--seed", type=_by(signed_int, "--seed"), default=0, help="sampler seed, 0 to 2^32-1 (default 0)")
-    tune.add_argument("--cache", default="cold", choices=["cold", "hot"],
-                      help="cold: rotate input sets larger than 4x L2 (default); hot: one set")
-    tune.add_argument("--workers", type=_by(signed_int, "--workers"),
-                      help="compile processes (default: half the cores, at most 8)")
-    tune.add_argument("--no-warm-start", action="store_true", help="do not seed from nearby tuned shapes")
-    tune.add_argument("--eval-timeout", type=_by(strict_float, "--eval-timeout"), default=60.0,
-                      help="seconds before a variant counts as hung")
-    tune.add_argument("--refresh", action="store_true",
-                      help="re-time a stale winner's best few trials in this environment (driver, runtime, NVRTC, "
-                           "autogen or template changed) instead of searching")
-    tune.add_argument("--gpus", metavar="all|N,N...",
-                      help="tune on these GPUs of this machine, one isolated evaluator each: problems "
-                           "are spread over them, and a problem's trials too when problems run out "
-                           "(default: the current GPU)")
-    tune.add_argument("--lease", type=_by(strict_float, "--lease"), default=60.0, metavar="S",
-                      help="a worker that stops (killed, machine lost) has its variants taken over by "
-                           "the others sharing the database this long after its last heartbeat (default 60, "
-                           f"at most {MAX_LEASE_S:g}; a claim holding more is taken over)")
-    tune.add_argument("--json", action="store_true", help="print the result as JSON")
-    _add_db_arg(tune)
+    _add_tune_options(tune)
+
+    tune_model = commands.add_parser(
+        "tune-model", help="tune every decode-time problem of a model (a Hugging Face config.json or a preset)")
+    tune_model.add_argument("config", metavar="CONFIG",
+                            help="a config.json (or its folder), or a preset: " + ", ".join(_model_presets()))
+    tune_model.add_argument("--batch", type=_by(int_list, "--batch"), default=[1, 2, 4, 8], metavar="N,N...",
+                            help="decode batch sizes (tokens per step; default 1,2,4,8)")
+    tune_model.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                            help="weight dtype (default: the config's torch_dtype, else bfloat16)")
+    tune_model.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML page of the results")
+    _add_tune_options(tune_model)
 
     bench = commands.add_parser("bench", help="re-measure the stored winner against the peer")
     _add_family_args(bench, family)
@@ -217,7 +238,7 @@ def _named_family(argv: list[str]):
 # Commands that ask the GPU's driver for the device (tune and bench, cold or answered from the
 # database): its initialisation (cuInit, a large share of a warm command), CuPy's import and
 # NVRTC's loading are started first, on a thread.
-GPU_COMMANDS = ("tune", "bench")
+GPU_COMMANDS = ("tune", "bench", "tune-model")
 
 
 def _start_gpu_preparation() -> None:

@@ -15,14 +15,16 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
 from autogen.core.dtypes import DTYPES
 from autogen.errors import UsageError
 from autogen.core.problem import Config, Problem
-from autogen.core.space import Space
+
+if TYPE_CHECKING:  # a family's space is checked by the registry; the contract only names its type
+    from autogen.core.space import Space
 
 # Each dimension must fit the kernels' 32-bit int arguments.
 MAX_DIM = 2**31 - 1
@@ -79,7 +81,17 @@ class Trait:
 class Family:
     """Base class. Subclasses set the class attributes and implement the methods that raise."""
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # A family's kernel template defaults to its own folder, <name>/kernel.cu.j2 (in templates/
+        # for a built-in family, beside the module for a user's); a subclass keeps its parent's.
+        inherited = any("template" in c.__dict__ for c in cls.__mro__[1:] if c is not Family)
+        if "template" not in cls.__dict__ and not inherited and isinstance(cls.__dict__.get("name"), str):
+            cls.template = f"{cls.name}/kernel.cu.j2"
+
+
     name: str  # "sgemv"; a user family's is namespaced by @register: "mykernels.axpy"
+    template: str  # the kernel template, looked up in template_dirs(); default <name>/kernel.cu.j2
     selftest_includes: tuple[str, ...] = ()  # headers the hook's code needs, e.g. CUB's (included once)
     dims: tuple[str, ...]  # integer dimensions in order, e.g. ("m", "n")
     dim_defaults: Mapping[str, int] = {}  # dimensions a caller may leave out, e.g. {"batch": 1}
@@ -118,6 +130,9 @@ class Family:
     # a call (the same CuPy arrays with the same shapes, the same other arguments, device and
     # stream) from an earlier binding, behind guards, without running bind again (autogen.runtime.bound_calls).
     reuse_bound_calls: bool = False
+    # The Python call as PyTorch sees it (autogen.core.signature.OpSignature: operands in call
+    # order, outputs with their shapes): the family's torch.ops.autogen.<op>. None: no torch op.
+    op_signature = None
 
     # --- identity -------------------------------------------------------------------------
     @property
@@ -131,17 +146,13 @@ class Family:
         return type(self).__module__
 
     @property
-    def template(self) -> str:
-        """The kernel template: <name>/kernel.cu.j2 in the template folders (a family may set
-        its own file name instead, e.g. template = "axpy.cu.j2" beside its module)."""
-        return f"{self.symbol}/kernel.cu.j2"
-
-    @property
     def selftest_template(self) -> str | None:
-        """The `autogen export --self-test` hook (see templates/export/selftest.cu.j2):
-        <name>/selftest.cu.j2 where the family has one, else None (a family may name its own)."""
-        hook = f"{self.symbol}/selftest.cu.j2"
-        return hook if any((folder / hook).is_file() for folder in self.template_dirs()) else None
+        """The `autogen export --self-test` hook (see templates/export/selftest.cu.j2): selftest.cu.j2
+        beside a kernel template named <folder>/kernel.cu.j2, where there is one; else None (a
+        family may name its own)."""
+        folder, _, file = self.template.rpartition("/")
+        hook = f"{folder}/selftest.cu.j2" if folder and file == "kernel.cu.j2" else None
+        return hook if hook and any((d / hook).is_file() for d in self.template_dirs()) else None
 
     def template_dirs(self) -> list[Path]:
         """Where this family's templates are looked up: beside its module, then autogen's."""

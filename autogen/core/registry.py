@@ -6,6 +6,8 @@ family: they ask here.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import importlib
 import re
 import sys
@@ -15,14 +17,22 @@ from importlib import metadata
 from autogen.core.dtypes import DTYPES
 from autogen.errors import AutogenError, FamilyError, InvalidConfigError, UsageError
 from autogen.core.family import Family
+from autogen.core.signature import check_signature
 from autogen.core.space import Space
 
 ENTRY_POINT_GROUP = "autogen.families"
 BUILTIN_PACKAGE = "autogen.families"
 
 _REGISTRY: dict[str, Family] = {}
+_LISTENERS: list[Callable[[Family], None]] = []
 _builtins_loaded = False
 _entry_points_loaded = False
+
+
+def on_register(listener: Callable[[Family], None]) -> None:
+    """Call `listener` with every family registered from now on (a part above the core, such as
+    autogen.torch.ops, learns of a user's family without the core naming it)."""
+    _LISTENERS.append(listener)
 
 
 def register(family):
@@ -46,6 +56,8 @@ def register(family):
             raise FamilyError(f"{describe_family(instance)}: the call name autogen.{instance.api} is taken by "
                               f"{clash.name}")
     _REGISTRY[instance.name] = instance
+    for listener in _LISTENERS:  # e.g. autogen.torch.ops: the new family's torch op
+        listener(instance)
     return family
 
 
@@ -110,6 +122,8 @@ def _check_definition(family: Family) -> None:
     except InvalidConfigError as exc:
         raise FamilyError(f"{where}: default_params: {exc}") from None
     _check_templates_exist(family, where)
+    if family.op_signature is not None:
+        check_signature(family, where)
 
 
 def _check_names(where: str, kind: str, names: tuple, reserved: frozenset) -> None:

@@ -18,6 +18,7 @@ from autogen.core.operands import dtype_name, kernel_scalar, new_output
 from autogen.core.registry import register
 from autogen.core.problem import Config, Problem
 from autogen.families import _elementwise as ew
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 X_RANGE = 2.0  # x and addend uniform in [-2, 2), bias in [-0.5, 0.5)
 BIAS_RANGE = 0.5
@@ -51,6 +52,9 @@ class BiasMaskScaleAdd(Family):
     space = ew.make_space(max_ept=8)
     default_params = ew.DEFAULT_PARAMS
     outputs = ("y",)
+    op_signature = OpSignature(
+        (Tensor("x"), Tensor("bias"), Tensor("mask"), Scalar("scale", "float"), Tensor("addend")),
+        (Output("out", lambda x: tuple(x.shape), "x"),))
     # x, bias, addend and y hold float, fp16 or bf16 bit patterns as the kernel name's dtype tag
     # says; mask one byte per element.
     c_params = ("const void* x, const void* bias, const unsigned char* mask, float scale, const void* addend, "

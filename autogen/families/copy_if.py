@@ -35,6 +35,7 @@ from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_o
 from autogen.core.registry import register
 from autogen.gpu.device import sm_count
 from autogen.families.histogram import MAX_THREADS_PER_SM
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 ORDERED_MODES = ("lookback", "two_pass")
 UNORDERED_MODES = ("block", "warp", "thread")
@@ -155,6 +156,10 @@ class CopyIf(Family):
     default_params = {"mode": "lookback", "block_size": 256, "vector_width": 4, "items_per_thread": 16,
                       "blocks_per_sm": 0, "scatter": "shared"}
     outputs = ("values", "count")
+    op_signature = OpSignature(
+        (Tensor("x"), Scalar("threshold", "number"), Scalar("ordered", "bool", True),
+         Scalar("selectivity", "str", optional=True)),
+        (Output("values", lambda x: tuple(x.shape), "x"), Output("count", lambda: (1,), "int32")))
     c_params = "const int* x, int* values, int* count, int n, int threshold"
     tolerance = 1e-12  # compare() is exact (the count and every selected value): 0 or inf
     description = "values[0..count) = x[x > threshold] (input order unless unordered), int32 or float32"

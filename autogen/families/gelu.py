@@ -24,6 +24,7 @@ from autogen.core.registry import register
 from autogen.core.problem import Config, Problem
 from autogen.core.space import Param
 from autogen.families import _elementwise as ew
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 KAPPA = 0.044715
@@ -81,6 +82,8 @@ class Gelu(Family):
               "logistic normal CDF within 3e-5 of GELU (9 instructions); fp32 always uses erff"),))
     default_params = {**ew.DEFAULT_PARAMS, "erf": "erff"}
     outputs = ("y",)
+    op_signature = OpSignature((Tensor("x"), Scalar("approximate", "str", "tanh")),
+                               (Output("out", lambda x: tuple(x.shape), "x"),))
     # x and y hold float, fp16 or bf16 bit patterns as the kernel name's dtype tag says; approximate
     # is 1 for the tanh form, 0 for the erf form.
     c_params = "const void* x, void* y, int n, int approximate"

@@ -31,6 +31,7 @@ from autogen.families.sgemv import (
     overshoot_reason,
     rows_per_block,
 )
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 MAX_TILE = 8  # the largest batch_tile: LLM decode batches of 1 to 8 take one launch
 
@@ -274,6 +275,9 @@ class Hgemv(Family):
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
                       "tail": "checked", "row_align": "scalar", "split_k": 1}
     outputs = ("y",)
+    op_signature = OpSignature(
+        (Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
+        (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
     # A, x and y hold __half (f16 variants) or __nv_bfloat16 (bf16 variants) as the kernel name's
     # dtype tag says; `void*` keeps one signature for both dtypes.
     c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"

@@ -26,6 +26,7 @@ from autogen.core.family import Family, Launch, Peer, Step, Trait
 from autogen.core.operands import device_array, kernel_scalar, new_output
 from autogen.core.registry import register
 from autogen.gpu.device import sm_count
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 MAX_THREADS_PER_SM = 2048
 SHARED_LIMIT_BYTES = 48 * 1024  # dynamic shared memory a launch gets without cudaFuncSetAttribute
@@ -91,6 +92,8 @@ class Histogram(Family):
     default_params = {"target": "shared", "aggregate": "none", "copies": 1, "block_size": 256,
                       "vector_width": 4, "items_per_thread": 16, "blocks_per_sm": 4}
     outputs = ("counts",)
+    op_signature = OpSignature((Tensor("x"), Scalar("bins", "int"), Scalar("distribution", "str", "uniform")),
+                               (Output("out", lambda bins: (bins,), "int32"),))
     # counts: `bins` 32-bit counts, int or unsigned int (the same bits).
     c_params = "const int* x, void* counts, int n, int bins"
     tolerance = 1e-12  # compare() is exact (every count): it returns 0 or inf

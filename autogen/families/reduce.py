@@ -22,6 +22,7 @@ from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, stream_workspace
 from autogen.core.registry import register
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 _F32 = np.dtype(np.float32)
@@ -73,6 +74,7 @@ class Reduce(Family):
     default_params = {"block_size": 256, "vector_width": 4, "unroll": 4, "elements_per_thread": 32,
                       "block_reduce": "shfl", "cross_block": "last_block"}
     outputs = ("out",)
+    op_signature = OpSignature((Tensor("x"),), (Output("out", lambda: (), "float32"),))  # a 0-d sum
     # x holds float (f32 variants) or __half (f16 variants), as the kernel name's dtype tag says;
     # `const void*` keeps one signature for both dtypes. out is one float.
     c_params = "const void* x, float* out, int n"

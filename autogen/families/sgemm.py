@@ -30,6 +30,7 @@ from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import device_array, kernel_scalar, new_output, random_uniform
 from autogen.core.registry import register
 from autogen.gpu.device import sm_count
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 # Blocks of the split-K init kernel (256 threads, grid-stride); the template has the same figure.
 INIT_THREADS = 256
@@ -276,6 +277,9 @@ class Sgemm(Family):
                       "warp_layout": "4x8", "vector_width": 4, "store_width": 4, "smem_pad": 4,
                       "pipeline": "regs", "split_k": 1, "min_blocks": 1, "fma_order": "ij"}
     outputs = ("C",)
+    op_signature = OpSignature(
+        (Tensor("A"), Tensor("B"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
+        (Output("C", lambda A, B: (A.shape[0], B.shape[1]), "float32", read_when="beta"),))
     c_params = "const float* A, const float* B, float* C, int m, int n, int k, float alpha, float beta"
     # The error is relative to alpha |A| |B| + beta |C| (reference_magnitude), the scale fp32
     # rounding of k-term sums grows with; a correct kernel shows ~1e-7 at any k.

@@ -12,6 +12,7 @@ from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import device_array, kernel_scalar, new_output, random_uniform
 from autogen.core.registry import register
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 _F32 = np.dtype(np.float32)
 
@@ -79,6 +80,9 @@ class Sgemv(Family):
     default_params = {"threads_per_row": 32, "vector_width": 4, "warps_per_block": 4,
                       "rows_per_group": 1, "unroll": 2, "x_path": "ldg", "reduce": "shfl"}
     outputs = ("y",)
+    op_signature = OpSignature(
+        (Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
+        (Output("y", lambda A: (A.shape[0],), "float32", read_when="beta"),))
     c_params = "const float* A, const float* x, float* y, int m, int n, float alpha, float beta"
     tolerance = 1e-5
     description = "y = alpha * A x + beta * y, fp32, A row-major m x n"

@@ -11,6 +11,7 @@ from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, random_uniform
 from autogen.core.registry import register
+from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 
@@ -76,6 +77,7 @@ class Softmax(Family):
     default_params = {"threads_per_row": 32, "vector_width": 4, "unroll": 8, "reduce": "shfl",
                       "row_cache": "registers", "passes": "online"}
     outputs = ("y",)
+    op_signature = OpSignature((Tensor("x"),), (Output("out", lambda x: tuple(x.shape), "x"),))
     # x and y hold float (f32 variants) or __half (f16 variants), as the kernel name's dtype tag
     # says; `void*` keeps one signature for both dtypes.
     c_params = "const void* x, void* y, int rows, int cols"

@@ -33,7 +33,7 @@ import weakref
 
 import numpy as np
 
-from autogen.gpu.launch import dims3, parameter_block
+from autogen.gpu.launch import LaunchError, dims3, libcuda, parameter_block
 
 MAX_REMEMBERED = 256  # bound calls (and first sightings) kept per family and dispatcher
 # The arguments besides CuPy arrays that a remembered call may hold: immutable and small.
@@ -156,3 +156,44 @@ def _result_of(result, arrays: dict):
 
 
 __all__ = ["BoundCall", "MAX_REMEMBERED", "MISSED", "PACKED_LAUNCH", "PLAIN_TYPES", "Sighting", "bind_once", "sighting"]
+
+
+class Remembered:
+    """A family's remembered calls (autogen.runtime.bound_calls) where the C hit path is not built: key ->
+    BoundCall, key -> Sighting, and the dispatcher whose kernels they launch. A HitPath has the
+    same three attributes."""
+
+    __slots__ = ("calls", "sightings", "dispatcher")
+
+    def __init__(self):
+        self.calls: dict = {}
+        self.sightings: dict = {}
+        self.dispatcher = None
+
+
+def cuda_launch_kernel_address() -> int | None:
+    """The address of the driver's cuLaunchKernel, which the C hit path calls; None where the
+    driver library cannot be loaded (the remembered calls are then served from Python)."""
+    try:
+        return ctypes.cast(libcuda().cuLaunchKernel, ctypes.c_void_p).value
+    except (LaunchError, AttributeError):
+        return None
+
+
+def remember_call(key: tuple, flat: tuple, result, kernel, inputs: dict, bound_calls: dict, sightings: dict,
+                  ndarray, launch_kernel, make_context_current) -> None:
+    """After a call was bound and launched: on its second sighting with the same live operands,
+    keep it as a BoundCall (autogen.runtime.bound_calls); on its first, note it."""
+    seen = sightings.pop(key, None)
+    if seen is not None and seen.holds():
+        bound = bind_once(seen, flat, result, kernel, inputs, ndarray, launch_kernel, make_context_current)
+        if bound is not None:
+            if len(bound_calls) >= MAX_REMEMBERED:
+                bound_calls.clear()
+            bound_calls[key] = bound
+        return
+    seen = sighting(flat, ndarray)
+    if seen is not None:
+        if len(sightings) >= MAX_REMEMBERED:
+            sightings.clear()
+        sightings[key] = seen

@@ -22,7 +22,6 @@ happens inside CUDA graph capture: that raises CaptureError asking for a warm-up
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -32,11 +31,12 @@ from tuning_db import DatabaseError, TuningDB, one_per_problem
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
 from tuning_db.engine import display_url
 
-from autogen.runtime.bound_calls import MAX_REMEMBERED, MISSED, bind_once, sighting
+from autogen.runtime.bound_calls import MISSED, Remembered, cuda_launch_kernel_address, remember_call
+from autogen.runtime.streams import capturing, resolve_stream
 from autogen.errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
 from autogen.core.operands import call_stream
 from autogen.core.registry import check_family_renders, get_family
-from autogen.gpu.launch import LaunchError, ensure_context, launch_ex, libcuda
+from autogen.gpu.launch import ensure_context, launch_ex
 from autogen.notes import note_once
 from autogen.core.problem import Config, Problem, nearest, parse_shape_key, problem_of_record
 from autogen.core.render import render, source_hash
@@ -395,8 +395,8 @@ def make_call(family_name: str):
                 memo.calls.clear()
                 memo.sightings.clear()
                 memo.dispatcher = dispatcher
-            _remember(key, args + tuple(kwargs.values()), result, kernel, inputs, memo.calls, memo.sightings,
-                      ndarray, launch_kernel)
+            remember_call(key, args + tuple(kwargs.values()), result, kernel, inputs, memo.calls, memo.sightings,
+                          ndarray, launch_kernel, _make_context_current)
         return result
 
     if type(memo) is Remembered:
@@ -408,52 +408,11 @@ def make_call(family_name: str):
     return memo
 
 
-class Remembered:
-    """A family's remembered calls (autogen.runtime.bound_calls) where the C hit path is not built: key ->
-    BoundCall, key -> Sighting, and the dispatcher whose kernels they launch. A HitPath has the
-    same three attributes."""
-
-    __slots__ = ("calls", "sightings", "dispatcher")
-
-    def __init__(self):
-        self.calls: dict = {}
-        self.sightings: dict = {}
-        self.dispatcher = None
-
-
 def _serve_in_c(hit_path, get_device, current_stream) -> None:
     """Let `hit_path` serve remembered calls, where the driver's cuLaunchKernel can be found."""
     address = cuda_launch_kernel_address()
     if address:
         hit_path.configure(get_device, current_stream, address, globals())
-
-
-def cuda_launch_kernel_address() -> int | None:
-    """The address of the driver's cuLaunchKernel, which the C hit path calls; None where the
-    driver library cannot be loaded (the remembered calls are then served from Python)."""
-    try:
-        return ctypes.cast(libcuda().cuLaunchKernel, ctypes.c_void_p).value
-    except (LaunchError, AttributeError):
-        return None
-
-
-def _remember(key: tuple, flat: tuple, result, kernel: TunedKernel, inputs: dict, bound_calls: dict,
-              sightings: dict, ndarray, launch_kernel) -> None:
-    """After a call was bound and launched: on its second sighting with the same live operands,
-    keep it as a BoundCall (autogen.runtime.bound_calls); on its first, note it."""
-    seen = sightings.pop(key, None)
-    if seen is not None and seen.holds():
-        bound = bind_once(seen, flat, result, kernel, inputs, ndarray, launch_kernel, _make_context_current)
-        if bound is not None:
-            if len(bound_calls) >= MAX_REMEMBERED:
-                bound_calls.clear()
-            bound_calls[key] = bound
-        return
-    seen = sighting(flat, ndarray)
-    if seen is not None:
-        if len(sightings) >= MAX_REMEMBERED:
-            sightings.clear()
-        sightings[key] = seen
 
 
 def _make_context_current() -> None:
@@ -470,54 +429,4 @@ def _refuse_inside_capture(problem: Problem, stream) -> None:
             "the graph, then capture")
 
 
-def capturing(cupy, stream=None) -> bool:
-    """Whether `stream` (a CuPy stream; None: the current one) is capturing a CUDA graph."""
-    try:
-        pointer = stream.ptr if stream is not None else cupy.cuda.get_current_stream().ptr
-        is_capturing = cupy.cuda.runtime.streamIsCapturing
-    except Exception:  # a stand-in for CuPy (tests), or CuPy without a driver or GPU: no stream captures
-        return False
-    try:
-        return is_capturing(pointer) != 0
-    except Exception:  # an invalidated capture raises: that stream is capturing too
-        return True
-
-
-_external_streams: dict[int, object] = {}
-
-
-def resolve_stream(cupy, stream, args: tuple):
-    """None means the current stream: CuPy's, or PyTorch's when the operands are torch tensors.
-    Also accepts a CuPy stream, a torch.cuda.Stream, or a raw cudaStream_t as an int."""
-    if stream is None:
-        if type(args[0]) is cupy.ndarray:  # the common case, decided without touching torch
-            return None
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(args[0], torch.Tensor):
-            return None
-        stream = torch.cuda.current_stream(args[0].device)
-    if isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
-        return stream
-    if isinstance(stream, int):
-        stream = _StreamHandle(stream)
-    if not hasattr(stream, "__cuda_stream__"):
-        raise ArgumentError(f"stream must be a CuPy stream, a torch.cuda.Stream (or anything with "
-                            f"__cuda_stream__) or an int handle, got {type(stream).__name__}")
-    key = stream.__cuda_stream__()[1]
-    if key not in _external_streams:
-        _external_streams[key] = cupy.cuda.Stream.from_external(stream)
-    return _external_streams[key]
-
-
-class _StreamHandle:
-    """A raw cudaStream_t, presented through the CUDA stream protocol."""
-
-    def __init__(self, pointer: int):
-        self.pointer = pointer
-
-    def __cuda_stream__(self):
-        return (0, self.pointer)
-
-
-__all__ = ["Dispatcher", "TunedKernel", "call", "capturing", "default_dispatcher", "lookup", "make_call",
-           "resolve_stream"]
+__all__ = ["Dispatcher", "TunedKernel", "call", "default_dispatcher", "lookup", "make_call"]

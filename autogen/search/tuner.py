@@ -19,7 +19,8 @@ from autogen.core.registry import check_family_renders, get_family
 from autogen.search.lease import check_lease
 from autogen.core.problem import Problem
 from autogen.report import terminal_text
-from autogen.gpu.worker import WorkSpec, default_workers
+from autogen.gpu.evaluator import WorkSpec
+from autogen.gpu.worker import default_workers
 
 # Optuna (autogen.search.loop, autogen.search.warmstart) is imported only when there is something to search:
 # a run answered from the database does without it.

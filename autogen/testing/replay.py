@@ -21,7 +21,7 @@ from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity
 
 from autogen.core.problem import Problem
-from autogen.gpu.worker import Ceilings, Outcome
+from autogen.gpu.evaluator import Ceilings, Outcome
 
 RECORDING_FORMAT = 1
 

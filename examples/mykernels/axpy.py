@@ -12,6 +12,7 @@ import numpy as np
 import autogen
 from autogen.errors import ArgumentError
 from autogen.family import device_array, new_output, random_uniform
+from autogen.family import OpSignature, Output, Scalar, Tensor
 
 
 @autogen.register
@@ -29,6 +30,9 @@ class Axpy(autogen.Family):
     ))
     default_params = {"vector_width": 4, "block_size": 256, "items_per_thread": 2}
     outputs = ("out",)
+    # Its torch op, torch.ops.autogen.mykernels_axpy(x, y, alpha) (import autogen.torch.ops)
+    op_signature = OpSignature((Tensor("x"), Tensor("y"), Scalar("alpha", "float", 1.0)),
+                               (Output("out", lambda x: tuple(x.shape), "float32"),))
     c_params = "const float* x, const float* y, float* out, int n, float alpha"
 
     def launch(self, problem, config):

@@ -54,7 +54,7 @@ def test_every_variant_compiles_with_nvrtc(all_cubins):
 
 
 def _validate(all_cubins, family_name, dtype, dims, every=1, where=lambda config: True):
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family(family_name)
     evaluator = Evaluator(WorkSpec(family_name, dtype, tuple(dims.items()), family.module))
@@ -111,7 +111,7 @@ def test_every_bulk_variant_validates_over_many_chunks(all_cubins, family_name, 
 def _broken_check(family_name, dtype, dims, params, old, new):
     from autogen.gpu.compile import compile_cubin
     from autogen.gpu.device import device_identity
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family(family_name)
     config = family.space.check({**family.default_params, **params})

@@ -84,7 +84,7 @@ def test_sample_compiles_with_nvrtc(cubins):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,batch", SHAPES)
 def test_sampled_variants_validate(cubins, dtype, m, n, batch):
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     evaluator = Evaluator(WorkSpec.of(FAMILY.problem(dtype, m=m, n=n, batch=batch)))
     failures = []
@@ -140,7 +140,7 @@ def test_validation_catches_half_precision_accumulation():
 
     from autogen.gpu.compile import compile_cubin
     from autogen.gpu.device import device_identity
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     config = FAMILY.default_config()
     name = FAMILY.kernel_name("float16", config)

@@ -62,7 +62,7 @@ def _rng():
 
 
 def _check_all(cubins, name, dtype, dims, keep=lambda config: True):
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     evaluator = Evaluator(WorkSpec(name, dtype, tuple(dims.items())))
     failures = []
@@ -259,7 +259,7 @@ def test_short_tune_stores_a_winner_that_validates(db_url, family_name, dtype, d
 
     from autogen.gpu.compile import compile_cubin
     from autogen.search.tuner import TuneOptions, tune
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family(family_name)
     problem = family.problem(dtype, **dims)

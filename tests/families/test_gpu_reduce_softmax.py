@@ -49,7 +49,7 @@ def test_every_variant_compiles_with_nvrtc(all_cubins):
 
 
 def _validate_all(all_cubins, family_name, dtype, dims):
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family(family_name)
     evaluator = Evaluator(WorkSpec(family_name, dtype, tuple(dims.items())))
@@ -122,7 +122,7 @@ def test_validation_catches_a_dropped_tail_element_at_large_n():
     # tolerance; the heavy-edges case must still catch it.
     from autogen.gpu.compile import compile_cubin
     from autogen.gpu.device import device_identity
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family("reduce")
     config = family.space.check({**family.default_params, "vector_width": 4})
@@ -142,7 +142,7 @@ def test_validation_catches_a_softmax_that_ignores_minus_infinity_rows():
     # instead of 0) writes zeros there instead of NaN; validation must refuse it.
     from autogen.gpu.compile import compile_cubin
     from autogen.gpu.device import device_identity
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family("softmax")
     config = family.space.check({**family.default_params, "row_cache": "global", "unroll": 4})
@@ -208,7 +208,7 @@ def test_short_tune_stores_a_winner_that_validates(db_url, family_name, dtype, d
 
     from autogen.gpu.compile import compile_cubin
     from autogen.search.tuner import TuneOptions, tune
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family(family_name)
     problem = family.problem(dtype, **dims)

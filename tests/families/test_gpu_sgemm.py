@@ -65,7 +65,7 @@ def test_sampled_variants_compile_with_nvrtc(all_cubins):
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_sampled_variants_validate(all_cubins, m, n, k):
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     configs, cubins = all_cubins
     evaluator = Evaluator(WorkSpec("sgemm", "float32", (("m", m), ("n", n), ("k", k))))
@@ -94,7 +94,7 @@ def _misaligned_inputs(cupy, m, n, k, beta):
 def test_vector_variants_fall_back_on_misaligned_operands(all_cubins, beta):
     import cupy
 
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     configs, cubins = all_cubins
     m, n, k = 68, 72, 76  # multiples of 4: only the pointers are misaligned
@@ -118,7 +118,7 @@ def test_vector_variants_fall_back_on_misaligned_operands(all_cubins, beta):
 def test_validation_catches_a_kernel_that_skips_the_last_row():
     from autogen.gpu.compile import compile_cubin
     from autogen.gpu.device import device_identity
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     config = FAMILY.default_config()
     name = FAMILY.kernel_name("float32", config)
@@ -206,7 +206,7 @@ def test_short_tune_stores_a_winner_that_validates(db_url):
 
     from autogen.gpu.compile import compile_cubin
     from autogen.search.tuner import TuneOptions, tune
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     problem = FAMILY.problem(m=1000, n=1000, k=1000)
     result = tune(problem, TuneOptions(trials=8, db_url=db_url, workers=8))

@@ -34,7 +34,7 @@ def test_every_variant_compiles_with_nvrtc(all_cubins):
 
 @pytest.mark.parametrize("m,n", SHAPES)
 def test_every_variant_validates(all_cubins, m, n):
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     configs, cubins = all_cubins
     evaluator = Evaluator(WorkSpec("sgemv", "float32", (("m", m), ("n", n))))
@@ -50,7 +50,7 @@ def test_validation_catches_a_wrong_kernel():
     # A kernel that skips the last row must fail validation (the poisoned output shows it).
     from autogen.gpu.compile import compile_cubin
     from autogen.gpu.device import device_identity
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     config = family.default_config()
@@ -67,7 +67,7 @@ def test_short_tune_stores_a_winner_that_validates(db_url):
 
     from autogen.gpu.compile import compile_cubin
     from autogen.search.tuner import TuneOptions, tune
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     family = get_family("sgemv")
     problem = family.problem(m=4099, n=70)

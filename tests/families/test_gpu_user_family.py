@@ -35,7 +35,7 @@ def test_tune_validate_dispatch_and_export_a_user_family(tmp_path, db_url, monke
     from autogen.gpu.compile import compile_many
     from autogen.core.registry import get_family
     from autogen.core.render import render
-    from autogen.gpu.worker import Evaluator, WorkSpec
+    from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     axpy = get_family("mykernels.axpy")
     done = cli("tune", "mykernels.axpy", "--n", "1000003", "--sampler", "exhaustive", "--trials", "100", "--json",

@@ -19,7 +19,7 @@ from autogen.core.registry import all_families, get_family
 from autogen.core.render import render
 from autogen.testing.replay import RECORDING_FORMAT, ReplayBackend
 from autogen.search.tuner import TuneOptions, Tuner
-from autogen.gpu.worker import WorkSpec
+from autogen.gpu.evaluator import WorkSpec
 from dbfixtures import H100
 from nvcc_tools import ARCHS, nvcc_compile, nvcc_or_skip
 

@@ -40,7 +40,7 @@ def test_a_worker_that_cannot_start_says_why_in_one_line():
     # CLI prints in one line (an AutogenError), not the worker's internal WorkerError.
     from autogen.errors import AutogenError, GpuUnavailableError
     from autogen.core.registry import get_family
-    from autogen.gpu.worker import WorkSpec
+    from autogen.gpu.evaluator import WorkSpec
 
     spec = WorkSpec.of(get_family("sgemv").problem(m=64, n=16), "cold")
     evaluator = IsolatedEvaluator(spec)
@@ -65,7 +65,7 @@ def test_default_compile_processes_leave_half_the_cores_to_the_search(monkeypatc
 
 def _spec():
     from autogen.core.registry import get_family
-    from autogen.gpu.worker import WorkSpec
+    from autogen.gpu.evaluator import WorkSpec
 
     return WorkSpec.of(get_family("sgemv").problem(m=64, n=16), "cold")
 

@@ -122,5 +122,10 @@ def test_every_script_imports_without_a_gpu(monkeypatch):
         spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         monkeypatch.setitem(sys.modules, spec.name, module)  # as an import has it (dataclasses look there)
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except ModuleNotFoundError as exc:  # a script for the PyTorch door, where torch is missing
+            if (exc.name or "").split(".")[0] != "torch":
+                raise
+            continue
         assert path.stem == "benchlib" or callable(getattr(module, "main", None)), path.name

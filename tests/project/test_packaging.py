@@ -22,7 +22,8 @@ def test_wheel_holds_templates_migrations_and_catalog(tmp_path):
         assert "autogen/templates/" + template.relative_to(ROOT / "templates").as_posix() in names
     assert "tuning_db/migrations/versions/0001_initial.py" in names
     assert "tuning_db/migrations/script.py.mako" in names
-    assert any(n.startswith("autogen/data/pretuned_") and n.endswith(".json") for n in names)
+    assert any(n.startswith("autogen/catalog/data/pretuned_") and n.endswith(".json") for n in names)
+    assert {"autogen/torch/ops.py", "autogen/torch/models.py"} <= names  # the PyTorch integration
     assert not any(n.startswith("tests/") for n in names)
 
 

@@ -240,7 +240,7 @@ def test_a_call_that_allocates_its_output_binds_every_time(served):
 
 
 def test_arrays_new_at_every_call_are_never_packed(served, monkeypatch):
-    import autogen.runtime.dispatch as module
+    import autogen.runtime.bound_calls as module
     packed = []
     real = module.bind_once
     monkeypatch.setattr(module, "bind_once", lambda *a: packed.append(1) or real(*a))

@@ -12,7 +12,8 @@ import pytest
 
 from autogen.core import operands as family_module
 from autogen.catalog import pretuned
-from autogen.runtime.dispatch import Dispatcher, TunedKernel, capturing
+from autogen.runtime.dispatch import Dispatcher, TunedKernel
+from autogen.runtime.streams import capturing
 from autogen.errors import CaptureError
 from autogen.core.registry import all_families, get_family
 from autogen.core.operands import kernel_scalar, new_output
