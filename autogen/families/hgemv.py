@@ -377,11 +377,6 @@ class Hgemv(Family):
 
         return [step(kernel_scalar(j0, np.int32)) for j0 in self.tiles(problem, config)]
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        """The arguments of the first launch (vectors from 0)."""
-        return (inputs["A"], inputs["x"], inputs["y"], np.int32(problem["m"]), np.int32(problem["n"]),
-                np.int32(problem["batch"]), np.int32(0), np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
-
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
         if config["x_path"] == "mma":  # a row group of tpr lanes covers tpr columns per step
             reason = overshoot_reason(problem["n"], config["threads_per_row"], 1, config["unroll"], "1 (mma)")

@@ -150,9 +150,6 @@ class Histogram(Family):
         return {"x": histogram_values(xp, rng, n, bins, case["values"]),
                 "counts": xp.full((bins,), POISON, dtype=xp.uint32)}
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return (inputs["x"], inputs["counts"], np.int32(problem["n"]), np.int32(problem["bins"]))
-
     def reference(self, problem: Problem, inputs: dict, xp=np):
         x, bins = inputs["x"], problem["bins"]
         inside = x[(x >= 0) & (x < bins)]

@@ -409,10 +409,6 @@ class Sgemm(Family):
             C = random_uniform(xp, rng, (m, n), xp.float32)
         return {"A": A, "B": B, "C": C, "alpha": case["alpha"], "beta": case["beta"]}
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return (inputs["A"], inputs["B"], inputs["C"], np.int32(problem["m"]), np.int32(problem["n"]),
-                np.int32(problem["k"]), np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
-
     def reference(self, problem: Problem, inputs: dict, xp=np):
         result = inputs["alpha"] * (inputs["A"].astype(xp.float64) @ inputs["B"].astype(xp.float64))
         if inputs["beta"] != 0.0:

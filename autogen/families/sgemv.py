@@ -110,10 +110,6 @@ class Sgemv(Family):
                 "x": random_uniform(xp, rng, (n,), xp.float32),
                 "y": y, "alpha": case["alpha"], "beta": case["beta"]}
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return (inputs["A"], inputs["x"], inputs["y"], np.int32(problem["m"]), np.int32(problem["n"]),
-                np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
-
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         # The shape arguments are fixed per plan, and alpha and beta converted once per value
         # (kernel_scalar): a dispatched call converts nothing on the hot path.
