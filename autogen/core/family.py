@@ -250,11 +250,20 @@ class Family:
                 "elem_t": d.c_type, "dtype_bytes": d.itemsize, **dict(self.code_traits(traits)),
                 "host_launcher": host_launcher, "c_params": self.c_params_for(dtype), **config.as_dict()}
 
+    # A family states its kernels' arguments once: a one-kernel family in launch and kernel_args
+    # (the default plan's sources), any other, or one that converts its scalars once per shape
+    # rather than per call, in plan alone (registry._check_definition refuses a family with neither).
     def launch(self, problem: Problem, config: Config) -> Launch:
+        """The grid and block of the one kernel (the default plan's)."""
+        raise NotImplementedError
+
+    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
+        """The one kernel's arguments, in c_params order, from the inputs dict (the default plan's)."""
         raise NotImplementedError
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
-        """The launches of one call, in order. Default: the one kernel of `launch`."""
+        """The launches of one call, in order, each with its arguments. Default: the one kernel
+        of `launch`, called with `kernel_args`."""
         return [Step("", self.launch(problem, config), lambda inputs: self.kernel_args(problem, inputs))]
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
@@ -272,9 +281,6 @@ class Family:
     def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
         """Arrays (numpy or cupy, per xp) and scalars for one launch; every output poisoned
         (NaN, or a sentinel for integers) wherever the kernel must overwrite it."""
-        raise NotImplementedError
-
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
         raise NotImplementedError
 
     def reference(self, problem: Problem, inputs: dict, xp=np):

@@ -121,9 +121,24 @@ def _check_definition(family: Family) -> None:
         family.space.check(family.default_params)  # the default must be a valid point
     except InvalidConfigError as exc:
         raise FamilyError(f"{where}: default_params: {exc}") from None
+    _check_arguments_stated_once(family, where)
     _check_templates_exist(family, where)
     if family.op_signature is not None:
         check_signature(family, where)
+
+
+def _check_arguments_stated_once(family: Family, where: str) -> None:
+    """The kernels' arguments are stated in one place: plan, or launch and kernel_args for the
+    default plan's one kernel; a kernel_args beside a plan of the family's own would never run."""
+    hooks = ("plan", "launch", "kernel_args")
+    own = {hook for hook in hooks if getattr(type(family), hook) is not getattr(Family, hook)}
+    if "plan" in own and "kernel_args" in own:
+        raise FamilyError(f"{where} defines both plan and kernel_args, which only the default plan calls: "
+                          "state the arguments in plan's steps alone")
+    missing = [hook for hook in ("launch", "kernel_args") if hook not in own]
+    if "plan" not in own and missing:
+        raise FamilyError(f"{where} does not define {' or '.join(missing)} (its one kernel's), "
+                          "nor a plan of its launches")
 
 
 def _check_names(where: str, kind: str, names: tuple, reserved: frozenset) -> None:

@@ -99,9 +99,6 @@ class BiasMaskScaleAdd(Family):
 
         return [Step("", self.launch(problem, config), args)]
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return self.plan(problem, self.default_config())[0].args(inputs)
-
     def seed_configs(self, problem: Problem) -> list[Config]:
         """Up to ew.SEEDS points measured first (ew.seed_params: 16-byte one-pass points, half2
         arithmetic in fp16/bf16), then for fp32 torch.compile's layout (INDUCTOR_FP32), then the

@@ -34,7 +34,7 @@ from autogen.core.family import Family, Launch, Peer, Step, Trait
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, stream_workspace
 from autogen.core.registry import register
 from autogen.gpu.device import sm_count
-from autogen.families.histogram import MAX_THREADS_PER_SM
+from autogen.families._tiles import INIT_BLOCK, grid_blocks, init_launch, one_wave, tile, tile_overshoot_reason, tiles
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 ORDERED_MODES = ("lookback", "two_pass")
@@ -43,8 +43,6 @@ PIPELINED_MODES = ("lookback", "block")  # persistent blocks load the next tile 
 # Class -> the fraction tuning data selects; the boundaries of the classes.
 FRACTIONS = {"p01": 0.01, "p50": 0.5, "p99": 0.99}
 LOW, HIGH = 0.1, 0.9
-INIT_BLOCK = 256
-INIT_BLOCKS_CAP = 1024
 INT_SPAN = 2**31  # int32 data is uniform over [-2^30, 2^30)
 INT_LOW = -2**30
 INT_POISON = -2**31  # never selected: INT_MIN > t is false for every int32 threshold t
@@ -76,12 +74,6 @@ SELECTIVITY = Trait("selectivity", tuple(FRACTIONS), parse=selectivity_class,
                     help=f"share of x selected: p01 (< {LOW:g}), p50, p99 (> {HIGH:g}); a fraction like 0.5 maps to its class")
 ORDER = Trait("order", ("ordered", "unordered"),
               help="ordered keeps the input order (as torch.masked_select); unordered may be faster")
-
-
-def _one_wave(p) -> str | None:
-    if p["block_size"] * p["blocks_per_sm"] > MAX_THREADS_PER_SM:
-        return f"block_size*blocks_per_sm={p['block_size'] * p['blocks_per_sm']} exceeds {MAX_THREADS_PER_SM} threads per SM"
-    return None
 
 
 def _items_fit_registers(p) -> str | None:
@@ -136,7 +128,7 @@ SPACE = Space(
               "shared: stage the tile's selected elements in shared memory, then coalesced stores; "
               "direct: store from registers"),
     ),
-    constraints=(_one_wave, _items_fit_registers, _staging_fits, _two_pass_grid),
+    constraints=(one_wave, _items_fit_registers, _staging_fits, _two_pass_grid),
 )
 
 
@@ -168,20 +160,7 @@ class CopyIf(Family):
         elem = "int" if dtype == "int32" else "float"
         return f"const {elem}* x, {elem}* values, int* count, int n, {elem} threshold"
 
-    # --- geometry -------------------------------------------------------------------------
-    @staticmethod
-    def tile(config: Config) -> int:
-        return config["block_size"] * config["items_per_thread"]
-
-    def tiles(self, problem: Problem, config: Config) -> int:
-        return -(-problem["n"] // self.tile(config))
-
-    def grid_blocks(self, problem: Problem, config: Config) -> int:
-        tiles = self.tiles(problem, config)
-        if config["blocks_per_sm"] == 0:
-            return max(1, tiles)  # one block per tile
-        return max(1, min(tiles, sm_count() * config["blocks_per_sm"]))
-
+    # --- geometry (tiles and grids: autogen.families._tiles) -------------------------------
     def default_config(self, problem: Problem | None = None) -> Config:
         """The ordered default (it serves both orders); an unordered problem starts its search
         from the same geometry in mode=block (one pass, one atomic per tile, no look-back)."""
@@ -208,11 +187,11 @@ class CopyIf(Family):
         if mode == "warp":
             return -(-n // (32 * config["items_per_thread"]))
         if mode == "block":
-            return -(-n // CopyIf.tile(config))
+            return -(-n // tile(config))
         return 0
 
     def launch(self, problem: Problem, config: Config) -> Launch:
-        return Launch(grid=(self.grid_blocks(problem, config), 1, 1), block=(config["block_size"], 1, 1))
+        return Launch(grid=(grid_blocks(problem["n"], config), 1, 1), block=(config["block_size"], 1, 1))
 
     @functools.lru_cache(maxsize=1024)  # on every dispatched call: computed once per problem
     def workspace_sizes(self, problem: Problem) -> tuple[int, int]:
@@ -239,8 +218,8 @@ class CopyIf(Family):
         mode = config["mode"]
         main = self.launch(problem, config)
         # Scalars converted once (kernel_scalar): a dispatched call converts nothing on the hot path.
-        tiles, blocks = self.tiles(problem, config), main.grid[0]
-        n, tiles_arg, blocks_arg = (kernel_scalar(v, np.int32) for v in (problem["n"], tiles, blocks))
+        count, blocks = tiles(problem["n"], config), main.grid[0]
+        n, tiles_arg, blocks_arg = (kernel_scalar(v, np.int32) for v in (problem["n"], count, blocks))
         zero, one = kernel_scalar(0, np.int32), kernel_scalar(1, np.int32)
         kind = np.int32 if problem.dtype == "int32" else np.float32
 
@@ -263,12 +242,11 @@ class CopyIf(Family):
                                                        sized(inputs, "block_counts", blocks))),
             ]
         if mode == "lookback":
-            init = Launch(grid=(min(-(-tiles // INIT_BLOCK), INIT_BLOCKS_CAP), 1, 1), block=(INIT_BLOCK, 1, 1))
             return [
-                Step("_init", init, lambda inputs: (sized(inputs, "status", tiles), tiles_arg, inputs["ticket"],
-                                                    inputs["count"], zero)),
+                Step("_init", init_launch(count), lambda inputs: (sized(inputs, "status", count), tiles_arg,
+                                                                  inputs["ticket"], inputs["count"], zero)),
                 Step("", main, lambda inputs: (inputs["x"], inputs["values"], inputs["count"], n,
-                                               cast(inputs["threshold"]), sized(inputs, "status", tiles),
+                                               cast(inputs["threshold"]), sized(inputs, "status", count),
                                                inputs["ticket"])),
             ]
         init = Launch(grid=(1, 1, 1), block=(INIT_BLOCK, 1, 1))
@@ -282,18 +260,19 @@ class CopyIf(Family):
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
         if problem["order"] == "ordered" and config["mode"] not in ORDERED_MODES:
             return f"mode={config['mode']} does not keep the input order"
-        n, tile = problem["n"], self.tile(config)
-        if tile > 2 * max(n, 128) and (config["items_per_thread"] > 4 or config["block_size"] > 128):
-            return f"a tile of {tile} elements spans over twice n={n}"
+        n = problem["n"]
+        reason = tile_overshoot_reason(n, config)
+        if reason:
+            return reason
         atomics = self.atomics(problem, config)
         if atomics > max(ATOMICS_FLOOR, n // ATOMICS_PER_ELEMENTS):
             return (f"mode={config['mode']} makes up to {atomics} atomics on one counter for n={n} "
                     f"(they serialise: more than max({ATOMICS_FLOOR}, n/{ATOMICS_PER_ELEMENTS}))")
         if (config["blocks_per_sm"] > 0 and config["mode"] != "two_pass"
-                and self.tiles(problem, config) <= sm_count() * config["blocks_per_sm"]):
+                and tiles(n, config) <= sm_count() * config["blocks_per_sm"]):
             # Every block gets one tile: the launch of blocks_per_sm=0 (plus a wasted ticket)
             # under another name. two_pass has no blocks_per_sm=0.
-            return (f"{self.tiles(problem, config)} tiles fit one wave of blocks_per_sm={config['blocks_per_sm']}: "
+            return (f"{tiles(n, config)} tiles fit one wave of blocks_per_sm={config['blocks_per_sm']}: "
                     f"the same launch as blocks_per_sm=0")
         return None
 

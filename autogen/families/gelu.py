@@ -121,9 +121,6 @@ class Gelu(Family):
 
         return [Step("", self.launch(problem, config), args)]
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return (inputs["x"], inputs["y"], np.int32(problem["n"]), np.int32(problem["approximate"] == "tanh"))
-
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
         if config["math"] == "half2" and problem["approximate"] == "none":
             return "math=half2 changes the tanh form only: the erf form computes in fp32 (no half erf)"

@@ -1,18 +1,12 @@
-"""HGEMV: y = alpha * A x + beta * y for LLM decode. A (m x n) row-major in float16 or bfloat16,
-x holding `batch` vectors (n x batch row-major, or a vector of n when batch = 1), fp32
-accumulation, y (m x batch, or m) in A's dtype. Template: templates/hgemv/kernel.cu.j2.
-
-The geometry (row groups of threads_per_row lanes, rows_per_group rows each, warps_per_block
-warps) and the pruning of row groups that overshoot short rows are sgemv's, imported from there.
-A launch computes `batch_tile` vectors from one read of the weights (each weight a thread loads
-feeds batch_tile dot products from its registers); a batch larger than the tile takes
-ceil(batch / batch_tile) launches, so every batch >= 1 is served, and the search only times the
-tile that covers the batch in one launch.
+"""HGEMV for LLM decode: y = alpha * A x + beta * y (autogen.families._gemv) in float16 or
+bfloat16, fp32 accumulation. Template: templates/hgemv/kernel.cu.j2; the design and its figures:
+docs/families/hgemv.md. A launch computes `batch_tile` vectors from one read of the weights; a
+larger batch takes ceil(batch / batch_tile) launches, and the search only times the tile that
+covers the batch in one launch.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -22,44 +16,25 @@ from autogen.errors import ArgumentError
 from autogen.gpu.device import sm_count
 from autogen.core.problem import Config, Problem
 from autogen.core.space import Param, Space
-from autogen.core.family import Family, Launch, Peer, Step
+from autogen.core.family import Launch, Peer, Step
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, random_uniform
 from autogen.core.registry import register
-from autogen.families.sgemv import (
-    _reduce_only_across_warps,
-    _row_fits_block,
-    overshoot_reason,
-    rows_per_block,
-)
+from autogen.families._gemv import (GemvFamily, gemv_arguments, gemv_shapes, overshoot_reason,
+                                    reduce_only_across_warps, row_fits_block)
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 MAX_TILE = 8  # the largest batch_tile: LLM decode batches of 1 to 8 take one launch
 
-# Relative L2 error allowed, against the float64 product of the values the kernel reads (the
-# inputs as stored), relative to ||reference_magnitude|| = || |y| + GUARD * (|alpha| |A| |x| +
-# |beta| |y_in|) ||. With fp32 accumulation the error is the final rounding of y to the dtype:
-# at most 2^-11 (fp16, 11 significant bits) or 2^-8 (bf16, 8 significant bits) of each element, so at
-# most that relative to ||y|| even if every element rounds its worst; the fp32 sums add
-# ~6e-8 * sqrt(n) of the sum of |terms|. Each tolerance is twice the rounding bound: a dropped,
-# doubled or misplaced pack moves the result by far more, and half-precision accumulation either
-# overflows (the "large" case) or errs by many roundings.
+# Validation (docs/families/hgemv.md, "Validation and tolerances"): the relative L2 error against
+# || |y| + GUARD * (sum of |terms|) + SMALLEST_NORMAL || stays under twice the rounding of y to
+# the dtype. ||y|| itself, not the sum of |terms| as sgemv's, so that a dropped pack shows; GUARD
+# bounds the rounding where y cancels, SMALLEST_NORMAL the fixed spacing of subnormal outputs.
 TOLERANCES = {"float16": 1e-3, "bfloat16": 8e-3}
-# The denominator is ||y|| itself, not the sum of |terms| as sgemv's: with n = 4096 that sum is
-# ~50x larger than a random-sign dot product, and would hide a dropped pack of 8 columns. The small
-# GUARD share of it only matters where y cancels to almost nothing (tiny n): there it bounds the
-# fp32 rounding (6e-8 of the terms) and fp16's subnormal spacing at well under the tolerance.
 GUARD = 2.0**-12
-# Below the dtype's smallest normal number, y is stored with a fixed spacing (fp16: 2^-24), not
-# 11 significant bits: a correctly rounded output of 2.4e-5 (1 x 1, the product of two small
-# inputs) is off by 1.26e-3 of itself. Each element's magnitude therefore counts
-# at least the smallest normal (its rounding error is then at most 2^-11 of its magnitude). At
-# |y| ~ 0.1 and above, where the checks catch a dropped or doubled pack, this adds under 0.1%.
 SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126}
 
-# The "large" case: A and x uniform in [LARGE_LOW, LARGE_HIGH), all positive, so a single
-# product fits fp16 (240^2 = 57600 < 65504) but any four summed do not (4 * 128^2 = 65536): a
-# kernel accumulating in half precision returns inf once n >= 4. alpha = 2^-ceil(log2 n) keeps
-# y = alpha * sum below 57600, finite in fp16, and scales exactly.
+# The "large" case: one product fits fp16 (240^2 < 65504), four summed do not (4 * 128^2): a
+# kernel accumulating in half precision returns inf; alpha = 2^-ceil(log2 n) keeps y finite.
 LARGE_LOW, LARGE_HIGH = 128.0, 240.0
 
 X_TILE_BYTES = 32 * 1024  # x_path=smem stages tpr*pw*u columns x batch_tile floats; at most this
@@ -74,9 +49,8 @@ def _x_tile_fits(p) -> str | None:
 
 
 def _mma_shape(p) -> str | None:
-    # x_path=mma: each lane loads 8 halves (128 bits) of two rows per 16-row tile, a warp covers
-    # 32 columns of a row tile, a row group is one or more whole warps, and its cross-warp sum
-    # has one form (shared memory), so reduce=smem would duplicate reduce=shfl.
+    # x_path=mma: a lane loads 8 halves of two rows per 16-row tile, a row group is whole warps,
+    # and its cross-warp sum has one form (shared memory): reduce=smem would duplicate shfl.
     if p["x_path"] != "mma":
         return None
     if p["pack_width"] != 8:
@@ -91,34 +65,28 @@ def _mma_shape(p) -> str | None:
 
 
 def _values_fit_registers(p) -> str | None:
-    # Weights in flight per thread (rows_per_group * unroll packs) and accumulators
-    # (rows_per_group * batch_tile) must leave room for a pack's x values (pack_width *
-    # batch_tile floats): bounds checked with nvcc -Xptxas -v on the extreme configs (no spills).
+    # Weights in flight and accumulators must leave room for a pack's x values: bounds checked
+    # with nvcc -Xptxas -v on the extreme configs (no spills).
     in_flight = p["rows_per_group"] * p["unroll"] * p["pack_width"]
     if in_flight > 32:
         return f"rows_per_group*unroll*pack_width={in_flight} weights in flight per thread exceeds 32"
-    # x_path=mma keeps 4 accumulators per 16-row tile whatever the batch tile (the tensor core
-    # multiplies all 8 vectors), and its x fragment is 4 registers per unrolled step.
+    # x_path=mma keeps 4 accumulators per 16-row tile whatever the batch tile.
     if p["x_path"] != "mma" and p["rows_per_group"] * p["batch_tile"] > 16:
         return f"rows_per_group*batch_tile={p['rows_per_group'] * p['batch_tile']} accumulators exceeds 16"
     return None
 
 
 def _schedule_has_steps(p) -> str | None:
-    # With one step per chunk both schedules are the same code; x_path=mma keeps its own schedule
-    # (A's chunk, then the next chunk's x, then the tensor-core steps). Step by step was faster for
-    # some configs and shapes and slower for others, so the search chooses it per shape
-    # (docs/families/hgemv.md, "Why the schedule is a parameter").
+    # With one step per chunk both schedules are the same code; x_path=mma keeps its own schedule.
+    # Neither wins everywhere, so the search chooses per shape (docs/families/hgemv.md, load_schedule).
     if p["load_schedule"] == "step" and (p["unroll"] == 1 or p["x_path"] == "mma"):
         return "load_schedule=step needs unroll >= 2 and x_path ldg or smem"
     return None
 
 
 def _tail_peels_one_vector(p) -> str | None:
-    # The unchecked loop reads x's packs straight from global memory; x_path=smem stages x per
-    # chunk behind barriers and x_path=mma has its own loop. With 2-8 vectors per launch ptxas
-    # gave the peeled kernel up to twice its checked twin's registers, and 3 of 59 sampled spilled
-    # (nvcc 13.0, sm_90); with one, 80 at most and none spilled. Batches are the tensor cores' anyway.
+    # The unchecked loop reads x's packs straight from global memory (x_path=smem stages x behind
+    # barriers, mma has its own loop); with several vectors it spills (docs/families/hgemv.md, tail).
     if p["tail"] == "peeled" and (p["x_path"] != "ldg" or p["batch_tile"] != 1):
         return "tail=peeled needs x_path=ldg and batch_tile=1"
     return None
@@ -133,19 +101,18 @@ def _peeled_rows_stage_x(p) -> str | None:
 
 
 def _split_on_tensor_cores(p) -> str | None:
-    # The column split combines the cluster's partial sums of mma tiles (4 accumulators a lane);
-    # the CUDA-core forms keep rows_per_group * batch_tile of them and a row of lanes per group.
+    # The split combines the cluster's partial sums of mma tiles (4 accumulators a lane), for
+    # blocks of one row group, whose tiles are few (several groups already share the columns).
     if p["split_k"] == 1:
         return None
     if p["x_path"] != "mma":
         return "split_k > 1 needs x_path=mma (partial sums of tensor-core tiles combined in the cluster)"
-    # With several row groups a block already shares its columns among fewer tiles; the split is
-    # for blocks of one group, whose tiles are few (the space stays small: 3 x 100 variants).
     if p["threads_per_row"] != 32 * p["warps_per_block"]:
         return "split_k > 1 needs one row group per block: threads_per_row = 32 * warps_per_block"
     return None
 
 
+# Each parameter in full: docs/families/hgemv.md, "Parameters".
 SPACE = Space(
     params=(
         Param("threads_per_row", (4, 8, 16, 32, 64, 128, 256), "tpr",
@@ -157,55 +124,46 @@ SPACE = Space(
         Param("rows_per_group", (1, 2, 4), "rpg", "rows each thread group computes, sharing each x load"),
         Param("unroll", (1, 2, 4), "u", "packs of A in flight per thread and row"),
         Param("x_path", ("ldg", "smem", "mma"), "x",
-              "x through the read-only cache (converted per use), staged in shared memory as fp32 once per "
-              "block, or mma: tensor cores (mma.sync m16n8k16, fp32 accumulation), a row group of warps "
-              "computes 16*rows_per_group rows x 8 vectors, x staged per chunk in shared memory as the B fragment"),
+              "x through the read-only cache, staged in shared memory as fp32, or mma: tensor cores "
+              "(mma.sync m16n8k16) on 16*rows_per_group rows x 8 vectors per row group"),
         Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
         Param("batch_tile", (1, 2, 4, 8), "bt",
               "vectors per launch: each loaded weight feeds batch_tile dot products from registers"),
         Param("load_schedule", ("chunk", "step"), "ls",
-              "when A's packs are requested: all of a chunk before its first multiply-add, or each unrolled "
-              "step's just before its own (ptxas then interleaves them with the arithmetic)",
+              "A's packs requested a chunk at a time, or each unrolled step's just before it",
               added_with_default="chunk"),
         Param("tail", ("checked", "peeled"), "tail",
-              "checked: every chunk tests its packs against n and the alignment of A and x; peeled: whole "
-              "chunks of an aligned problem run without those tests, only the last partial chunk (and every "
-              "chunk of an unaligned problem) in the checked loop",
+              "every chunk tests its packs, or an aligned problem's whole chunks run untested",
               added_with_default="checked"),
         Param("row_align", ("scalar", "peeled"), "ra",
-              "rows not starting on a pack boundary (n % pack != 0, or A's base): scalar reads them element "
-              "by element; peeled reads each row's head element by element and the rest in whole packs, a block "
-              "taking rows of one offset from the boundary (rows a pack apart), x staged shifted by it",
+              "rows off a pack boundary read element by element, or their heads alone (x staged shifted)",
               added_with_default="scalar"),
         Param("split_k", (1, 2, 4, 8), "sk",
-              "blocks per block of row tiles, each taking every split_k-th chunk of the columns: a thread-block "
-              "cluster whose first block adds the others' partial sums from their shared memory and stores y "
-              "(sm_90 and newer; before it the first block takes every column). x_path=mma only",
+              "blocks of a cluster splitting the columns of a block of row tiles (sm_90; x_path=mma)",
               added_with_default=1),
     ),
-    constraints=(_row_fits_block, _reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers,
+    constraints=(row_fits_block, reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers,
                  _schedule_has_steps, _tail_peels_one_vector, _peeled_rows_stage_x, _split_on_tensor_cores),
 )
 
 
-def _peeled_twin(config: Config) -> Config | None:
-    """The same config with tail=peeled, where the space allows it (one vector, x_path=ldg): the
-    search then times both loops of each seed, whichever the shape's alignment favours."""
-    if config["tail"] == "peeled":
-        return None
-    params = {**config.as_dict(), "tail": "peeled"}
+def _twin(config: Config, **changes) -> Config | None:
+    """`config` with `changes`, where the space allows it, else None."""
+    params = {**config.as_dict(), **changes}
     return None if SPACE.violations(params) else SPACE.check(params)
+
+
+def _peeled_twin(config: Config) -> Config | None:
+    """The seed with tail=peeled (one vector, x_path=ldg): the search times both loops."""
+    return None if config["tail"] == "peeled" else _twin(config, tail="peeled")
 
 
 def _peeled_rows_twin(config: Config) -> Config | None:
-    """The same config with row_align=peeled, x staged in shared memory where it went through the
+    """The seed with row_align=peeled, x staged in shared memory where it went through the
     read-only path: the form that keeps wide loads on rows of n % 8 != 0 columns."""
-    if config["row_align"] == "peeled":
-        return None
-    params = {**config.as_dict(), "row_align": "peeled", "tail": "checked"}
-    if params["x_path"] == "ldg":
-        params["x_path"] = "smem"
-    return None if SPACE.violations(params) else SPACE.check(params)
+    x_path = "smem" if config["x_path"] == "ldg" else config["x_path"]
+    return None if config["row_align"] == "peeled" else _twin(config, row_align="peeled", tail="checked",
+                                                                x_path=x_path)
 
 
 def alignment_period(problem: Problem, config: Config) -> int:
@@ -246,7 +204,7 @@ def batch_tile_for(batch: int) -> int:
 
 
 # Extra seeds for one vector on rows of `lo` <= n < `hi` columns: (lo, hi, the params that differ
-# from the default). Measured in Hgemv.seed_configs' docstring.
+# from the default; docs/families/hgemv.md, "Defaults").
 BATCH1_SEEDS = (
     (1024, math.inf, dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=2, unroll=2,
                           x_path="ldg", reduce="shfl")),
@@ -258,13 +216,11 @@ BATCH1_SEEDS = (
 
 
 @register
-class Hgemv(Family):
+class Hgemv(GemvFamily):
     name = "hgemv"
     api = "hgemv"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
-    # The template's `pdl` variable (render(..., pdl=True)), as sgemv's: each thread loads its
-    # first chunk of A into registers, then griddepcontrol.wait, then reads x (and y).
-    pdl_capable = True
+    pdl_capable = True  # as sgemv's: A's first chunk loaded before griddepcontrol.wait, then x and y
     dims = ("m", "n", "batch")
     dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
     export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
@@ -274,12 +230,10 @@ class Hgemv(Family):
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
                       "tail": "checked", "row_align": "scalar", "split_k": 1}
-    outputs = ("y",)
+    # __half or __nv_bfloat16 data as the kernel name's dtype tag says: one signature for both.
     op_signature = OpSignature(
         (Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
         (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
-    # A, x and y hold __half (f16 variants) or __nv_bfloat16 (bf16 variants) as the kernel name's
-    # dtype tag says; `void*` keeps one signature for both dtypes.
     c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"
     tolerance = TOLERANCES["float16"]
     description = ("y = alpha * A x + beta * y, A row-major m x n in fp16 or bf16, x n x batch, "
@@ -289,15 +243,9 @@ class Hgemv(Family):
         return TOLERANCES[problem.dtype]
 
     def default_config(self, problem: Problem | None = None) -> Config:
-        """Untuned, a batch of b vectors is served in one launch: the batch tile that covers it.
-        Batch 1 on rows of >= 1024 columns keeps 4 packs per thread in flight (unroll=4: 52
-        registers, one wave of 4096 rows on 132 SMs with 62 KiB requested per SM, where unroll=2
-        had 31 KiB, short of what HBM3e needs in flight). Batches of 2 and more use the tensor
-        cores (x_path=mma): one 16-row tile per row group of warps splitting the columns, 4 steps
-        of 32 columns in flight; the CUDA-core form spends 8 FMAs and 8 conversions per weight at
-        batch 8 and needed 146-168 registers. On rows of >= 512 columns the group is 8 warps:
-        4096 rows are only 256 tiles, and 8 warps per tile were faster there than 4 (level at
-        14336 rows; docs/families/hgemv.md, "Defaults")."""
+        """Untuned, a batch is served in one launch (the batch tile that covers it): one vector
+        on long rows with 4 packs in flight, batches on the tensor cores (x_path=mma), 8 warps
+        per 16-row tile on rows of >= 512 columns (why: docs/families/hgemv.md, "Defaults")."""
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
@@ -314,15 +262,9 @@ class Hgemv(Family):
         return self.space.check(params)
 
     def seed_configs(self, problem: Problem) -> list[Config]:
-        """The default first. One vector on rows of >= 1024 columns also seeds 4 warps on 2 rows
-        each, 16-byte packs, 2 in flight: the H200's best of eleven configs at 11008 x 4096, the
-        H100's search winner at 4096 x 14336. On rows of >= 8192 columns, also the long-row
-        config: the block's 8 warps on 2 rows at a time, 2 packs in flight, partial sums through
-        shared memory, the fastest of eight configs re-timed at 4096 x 11008 in both dtypes. On
-        rows of 1024 to 8191 columns, also the block's 8 warps on 2 rows at a time with A
-        requested step by step: the fastest of ten configs at 4096 x 4096, 14336 x 4096 and
-        32000 x 4096 (as a one-off source edit before load_schedule existed); at 4096 x 14336 it
-        lost to the chunk schedule. The figures: docs/families/hgemv.md, "Defaults"."""
+        """The default, then for one vector the BATCH1_SEEDS of its row length, then the twins
+        of each (row_align=peeled on rows off the 16-byte boundary, split_k=2, tail=peeled):
+        docs/families/hgemv.md, "Defaults", says which shapes each seed won."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
         # (the batch-1 seeds are read-only-path configs: row_align=peeled comes as their twins)
@@ -335,25 +277,19 @@ class Hgemv(Family):
 
     def _split_twin(self, problem: Problem, config: Config) -> Config | None:
         """The tensor-core seed split over a cluster of 2 blocks, where the problem's row blocks
-        leave the GPU short of blocks (split_reason): at 1000 x 4103 (8 MB) a split of the
-        tensor-core configs ran batches 1-8 faster than each unsplit one (docs/families/hgemv.md,
-        "The column split")."""
-        params = {**config.as_dict(), "split_k": 2}
-        if config["split_k"] != 1 or SPACE.violations(params):
-            return None
-        twin = SPACE.check(params)
-        return None if self.reject_reason(problem, twin) else twin
+        leave the GPU short of blocks (split_reason; docs/families/hgemv.md, split_k)."""
+        twin = _twin(config, split_k=2) if config["split_k"] == 1 else None
+        return None if twin is None or self.reject_reason(problem, twin) else twin
 
     def seed_from(self, problem: Problem, params: dict) -> dict:
-        """Another shape's winner with the batch tile of this batch: a batch-1 winner tried as it
-        is on a batch of 4 reads the weights four times, an order of magnitude slower than the
-        batch's own best."""
+        """Another shape's winner with the batch tile of this batch (a batch-1 winner as it is
+        would read the weights once per vector)."""
         return {**params, "batch_tile": batch_tile_for(problem["batch"])}
 
     # --- geometry -------------------------------------------------------------------------
     def rows_per_block(self, config: Config) -> int:
         """sgemv's geometry; with x_path=mma a row group computes 16-row tiles (16 * rows_per_group rows)."""
-        return rows_per_block(config) * (16 if config["x_path"] == "mma" else 1)
+        return super().rows_per_block(config) * (16 if config["x_path"] == "mma" else 1)
 
     def launch(self, problem: Problem, config: Config) -> Launch:
         # A cluster of split_k blocks (consecutive indices) for each block of row tiles.
@@ -381,20 +317,11 @@ class Hgemv(Family):
 
         return [step(kernel_scalar(j0, np.int32)) for j0 in self.tiles(problem, config)]
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        """The arguments of the first launch (vectors from 0)."""
-        return (inputs["A"], inputs["x"], inputs["y"], np.int32(problem["m"]), np.int32(problem["n"]),
-                np.int32(problem["batch"]), np.int32(0), np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
-
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
-        if config["x_path"] == "mma":  # a row group of tpr lanes covers tpr columns per step
-            reason = overshoot_reason(problem["n"], config["threads_per_row"], 1, config["unroll"], "1 (mma)")
-        else:
-            reason = overshoot_reason(problem["n"], config["threads_per_row"], config["pack_width"],
-                                      config["unroll"], "pack_width")
-        if reason:
-            return reason
-        reason = split_reason(problem, config, self.row_blocks(problem, config))
+        # With x_path=mma a row group of tpr lanes covers tpr columns per step.
+        width, name = (1, "1 (mma)") if config["x_path"] == "mma" else (config["pack_width"], "pack_width")
+        reason = (overshoot_reason(problem["n"], config["threads_per_row"], width, config["unroll"], name)
+                  or split_reason(problem, config, self.row_blocks(problem, config)))
         if reason:
             return reason
         wanted = batch_tile_for(problem["batch"])
@@ -416,14 +343,9 @@ class Hgemv(Family):
     def timing_case(self, problem: Problem) -> dict:
         return {"alpha": 1.0, "beta": 0.0, "values": "uniform"}
 
-    def shapes(self, problem: Problem) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-        """The shapes of A, x and y: x and y are vectors when batch = 1."""
-        m, n, b = problem["m"], problem["n"], problem["batch"]
-        return (m, n), ((n,) if b == 1 else (n, b)), ((m,) if b == 1 else (m, b))
-
     def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
         dtype = problem.dtype
-        a_shape, x_shape, y_shape = self.shapes(problem)
+        a_shape, x_shape, y_shape = gemv_shapes(problem)
         if case.get("values") == "large":
             def values(shape):
                 span = xp.float32(LARGE_HIGH - LARGE_LOW)
@@ -437,19 +359,8 @@ class Hgemv(Family):
             y = random_uniform(xp, rng, y_shape, dtype)
         return {"A": A, "x": x, "y": y, "alpha": case["alpha"], "beta": case["beta"]}
 
-    def _float64(self, problem: Problem, inputs: dict, xp):
-        return tuple(to_float64(xp, inputs[k], problem.dtype) for k in ("A", "x", "y"))
-
-    def reference(self, problem: Problem, inputs: dict, xp=np):
-        # The values the kernel reads (the inputs as stored), multiplied in float64.
-        A, x, y = self._float64(problem, inputs, xp)
-        result = inputs["alpha"] * (A @ x)
-        if inputs["beta"] != 0.0:
-            result += inputs["beta"] * y
-        return result
-
     def reference_magnitude(self, problem: Problem, inputs: dict, xp=np):
-        A, x, y = self._float64(problem, inputs, xp)
+        A, x, y = (to_float64(xp, inputs[name], problem.dtype) for name in ("A", "x", "y"))
         terms = abs(inputs["alpha"]) * (xp.abs(A) @ xp.abs(x))
         result = inputs["alpha"] * (A @ x)
         if inputs["beta"] != 0.0:
@@ -462,23 +373,13 @@ class Hgemv(Family):
         self-test renders it too."""
         return SMALLEST_NORMAL[dtype]
 
-    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
-        m, n, b = problem["m"], problem["n"], problem["batch"]
-        reads_y = case is not None and case.get("beta", 0.0) != 0.0
-        return 2 * (m * n + n * b + m * b + (m * b if reads_y else 0))
-
     def weight_bytes(self, problem: Problem) -> int:
         """The bytes of A alone: the decode floor the issue measures against."""
         return 2 * problem["m"] * problem["n"]
 
-    def flops(self, problem: Problem) -> int:
-        return 2 * problem["m"] * problem["n"] * problem["batch"]
-
     def peer(self, problem: Problem) -> Peer | None:
-        """torch.mv (batch = 1) or torch.matmul (cuBLAS) on the same dtype, on CuPy's capturing
-        stream, writing into the inputs' own y through out= (no allocation inside capture). The
-        out= form is checked, and cuBLAS's handle and kernels loaded for this shape, outside
-        capture first. Timed on the timing case (alpha = 1, beta = 0), as sgemv's peer."""
+        """torch.mv (batch = 1) or torch.matmul (cuBLAS) on the same dtype, writing into the
+        inputs' own y through out= (checked, and its kernels loaded, outside capture)."""
         from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
@@ -489,19 +390,11 @@ class Hgemv(Family):
                                  lambda t: product_into(t["A"], t["x"], t["y"]))
 
     # --- calls from Python (the dispatcher) -------------------------------------------------
-    def example_call(self, problem: Problem, cupy):
-        rng = cupy.random.default_rng(0)
-        m, n, b = problem["m"], problem["n"], problem["batch"]
-        tail = (b,) if b > 1 else ()
-        A = to_storage(cupy, rng.random((m, n), dtype=cupy.float32) - 0.5, problem.dtype)
-        x = to_storage(cupy, rng.random((n,) + tail, dtype=cupy.float32) - 0.5, problem.dtype)
-        return (A, x), {"y": cupy.empty((m,) + tail, dtype=DTYPES[problem.dtype].storage)}
-
     def bind(self, cupy, device: int, args: tuple, kwargs: dict):
         """autogen.hgemv(A, x, alpha=1.0, beta=0.0, y=None) -> y. A (m, n) float16 or bfloat16,
         C-contiguous; x (n,) or (n, batch) of the same dtype; y (m,) or (m, batch), allocated in
         A's kind (CuPy or torch) when not given. fp32 accumulation."""
-        A, x, alpha, beta, y = _hgemv_arguments(*args, **kwargs)
+        A, x, alpha, beta, y = gemv_arguments(*args, **kwargs)
         a = device_array(cupy, A, "A", self.dtypes, 2, device)
         dtype = dtype_name(a)
         m, n = a.shape
@@ -519,12 +412,7 @@ class Hgemv(Family):
             raise ArgumentError(f"y has shape {yv.shape}, but A x has {out_shape}")
         batch = xv.shape[1] if xv.ndim == 2 else 1
         inputs = {"A": a, "x": xv, "y": yv, "alpha": alpha, "beta": beta}
-        return self._problem_of(dtype, m, n, batch), inputs, y
-
-    @functools.lru_cache(maxsize=1024)
-    def _problem_of(self, dtype: str, m: int, n: int, batch: int) -> Problem:
-        # Cached: the hot path of a dispatched call should not re-validate the same shape.
-        return self.problem(dtype, m=m, n=n, batch=batch)
+        return self.problem_cached(dtype, (("m", m), ("n", n), ("batch", batch))), inputs, y
 
 
 def _rank(obj) -> int:
@@ -538,28 +426,23 @@ def _rank(obj) -> int:
     return 1 if ndim is None else ndim
 
 
-def _hgemv_arguments(A, x, alpha=1.0, beta=0.0, y=None):
-    return A, x, alpha, beta, y
-
-
 def _torch_product_out(torch, problem: Problem):
     """(name, call(A, x, y)) writing A x into y with torch's out= form, checked on a sample of
     the problem's shape outside capture (which also loads cuBLAS's kernels for it)."""
-    m, n, b = problem["m"], problem["n"], problem["batch"]
+    a_shape, x_shape, y_shape = gemv_shapes(problem)
     dtype = getattr(torch, DTYPES[problem.dtype].torch_name)
-    if b == 1:
+    if problem["batch"] == 1:
         name, call = "torch.mv", (lambda A, x, y: torch.mv(A, x, out=y))
     else:
         name, call = "torch.matmul", (lambda A, x, y: torch.matmul(A, x, out=y))
-    A = torch.rand((m, n), dtype=dtype, device="cuda") - 0.5
-    x = torch.rand((n,) if b == 1 else (n, b), dtype=dtype, device="cuda") - 0.5
-    y = torch.full((m,) if b == 1 else (m, b), float("nan"), dtype=dtype, device="cuda")
+    A, x = (torch.rand(shape, dtype=dtype, device="cuda") - 0.5 for shape in (a_shape, x_shape))
+    y = torch.full(y_shape, float("nan"), dtype=dtype, device="cuda")
     try:
         call(A, x, y)
         torch.cuda.synchronize()
     except (TypeError, RuntimeError) as exc:
         raise RuntimeError(f"torch offers no {name} with out= for {problem}: {exc}") from None
-    rows = min(m, 256)
+    rows = min(problem["m"], 256)
     want = A[:rows].double() @ x.double()
     scale = A[:rows].double().abs() @ x.double().abs()
     error = float((y[:rows].double() - want).norm() / scale.norm())

@@ -25,13 +25,10 @@ from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step, Trait
 from autogen.core.operands import device_array, kernel_scalar, new_output
 from autogen.core.registry import register
-from autogen.gpu.device import sm_count
+from autogen.families._tiles import grid_blocks, init_launch, one_wave, tile_overshoot_reason
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
-MAX_THREADS_PER_SM = 2048
 SHARED_LIMIT_BYTES = 48 * 1024  # dynamic shared memory a launch gets without cudaFuncSetAttribute
-INIT_BLOCK = 256
-INIT_BLOCKS_CAP = 1024
 POISON = 0xDEADBEEF  # counts before the launch: the init step must overwrite every one
 
 # The skewed distribution: SKEW_FRACTION of the values fall in HOT_BINS bins (drawn per input
@@ -46,12 +43,6 @@ DISTRIBUTION = Trait("distribution", ("uniform", "skewed"),
 def _copies_only_in_shared(p) -> str | None:
     if p["target"] == "global" and p["copies"] != 1:
         return "copies > 1 are sub-histograms in shared memory (target=shared)"
-    return None
-
-
-def _one_wave(p) -> str | None:
-    if p["block_size"] * p["blocks_per_sm"] > MAX_THREADS_PER_SM:
-        return f"block_size*blocks_per_sm={p['block_size'] * p['blocks_per_sm']} exceeds {MAX_THREADS_PER_SM} threads per SM"
     return None
 
 
@@ -76,7 +67,7 @@ SPACE = Space(
         Param("blocks_per_sm", (1, 2, 4, 8), "bps",
               "grid = min(tiles, SMs x blocks_per_sm): fewer blocks flush fewer sub-histograms"),
     ),
-    constraints=(_copies_only_in_shared, _one_wave, _items_fit_registers),
+    constraints=(_copies_only_in_shared, one_wave, _items_fit_registers),
 )
 
 
@@ -99,15 +90,7 @@ class Histogram(Family):
     tolerance = 1e-12  # compare() is exact (every count): it returns 0 or inf
     description = "counts[b] = #{i : x[i] == b} for b in [0, bins), int32 x; values outside [0, bins) ignored"
 
-    # --- geometry -------------------------------------------------------------------------
-    @staticmethod
-    def tile(config: Config) -> int:
-        return config["block_size"] * config["items_per_thread"]
-
-    def grid_blocks(self, problem: Problem, config: Config) -> int:
-        tiles = -(-problem["n"] // self.tile(config))
-        return max(1, min(tiles, sm_count() * config["blocks_per_sm"]))
-
+    # --- geometry (a grid of blocks_per_sm >= 1 persistent blocks: autogen.families._tiles) ---
     @staticmethod
     def shared_bytes(problem: Problem, config: Config) -> int:
         """Dynamic shared memory of the main kernel: the sub-histograms when they fit 48 KiB,
@@ -118,13 +101,12 @@ class Histogram(Family):
         return need if need <= SHARED_LIMIT_BYTES else 0
 
     def launch(self, problem: Problem, config: Config) -> Launch:
-        return Launch(grid=(self.grid_blocks(problem, config), 1, 1), block=(config["block_size"], 1, 1),
+        return Launch(grid=(grid_blocks(problem["n"], config), 1, 1), block=(config["block_size"], 1, 1),
                       shared_bytes=self.shared_bytes(problem, config))
 
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         n, bins = kernel_scalar(problem["n"], np.int32), kernel_scalar(problem["bins"], np.int32)  # converted once
-        init = Launch(grid=(min(-(-problem["bins"] // INIT_BLOCK), INIT_BLOCKS_CAP), 1, 1), block=(INIT_BLOCK, 1, 1))
-        return [Step("_init", init, lambda inputs: (inputs["counts"], bins)),
+        return [Step("_init", init_launch(problem["bins"]), lambda inputs: (inputs["counts"], bins)),
                 Step("", self.launch(problem, config), lambda inputs: (inputs["x"], inputs["counts"], n, bins))]
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
@@ -132,9 +114,9 @@ class Histogram(Family):
         if config["target"] == "shared" and self.shared_bytes(problem, config) == 0:
             return (f"bins*copies*4 = {bins * config['copies'] * 4} bytes exceed {SHARED_LIMIT_BYTES} of shared "
                     "memory: the variant would count in global memory")
-        tile = self.tile(config)
-        if tile > 2 * max(n, 128) and (config["items_per_thread"] > 4 or config["block_size"] > 128):
-            return f"a tile of {tile} elements spans over twice n={n}"
+        reason = tile_overshoot_reason(n, config)
+        if reason:
+            return reason
         if config["aggregate"] == "warp" and bins == 1 and config["copies"] > 1:
             return "one bin: copies only split what warp aggregation already merged"
         return None
@@ -152,9 +134,6 @@ class Histogram(Family):
         n, bins = problem["n"], problem["bins"]
         return {"x": histogram_values(xp, rng, n, bins, case["values"]),
                 "counts": xp.full((bins,), POISON, dtype=xp.uint32)}
-
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return (inputs["x"], inputs["counts"], np.int32(problem["n"]), np.int32(problem["bins"]))
 
     def reference(self, problem: Problem, inputs: dict, xp=np):
         x, bins = inputs["x"], problem["bins"]

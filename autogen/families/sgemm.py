@@ -1,25 +1,14 @@
 """SGEMM: C = alpha * A B + beta * C, fp32, row-major A (m x k), B (k x n), C (m x n).
-Template: templates/sgemm/kernel.cu.j2.
+Template: templates/sgemm/kernel.cu.j2; the kernel, its parameters and the measurements behind
+the pruning and the seeds: docs/families/sgemm.md.
 
-The block tile (block_m x block_n x block_k), the thread tile (thread_m x thread_n) and the warp
-layout (how a warp's 32 threads tile a warp's share of the block) are parameters; the number of
-warps follows from them. Further: the width of global loads and of C stores, shared-memory
-padding, the pipeline (single stage, register prefetch with bounds checks everywhere or only in
-edge blocks, 2 or 3 cp.async stages) and split-K.
-
-fma_order (ij, ji) only reorders the unrolled outer product of a k step in the source: the same FMAs,
-a different ptxas register allocation (fewer same-bank operand pairs with ji, see the fma_order note by SEEDS).
-
-Split-K (split_k > 1) is two steps: `_init` sets C = beta * C (or 0 without reading C when beta
-is 0), then the GEMM kernel's blocks, split_k per tile over disjoint ranges of k, add alpha times
-their partial tiles into C with atomic adds (store_width 4: one red.global.add.v4.f32 per four
-floats on sm_90, scalar atomicAdd before it and at ragged edges). No workspace, so the exported
-launcher allocates none.
+The block tile, the thread tile and the warp layout are parameters; the number of warps follows
+from them. Split-K (split_k > 1) is two steps: `_init` sets C = beta * C (or 0 without reading C
+when beta is 0), then split_k blocks per tile add alpha times their partial tiles into C with
+atomic adds. No workspace, so the exported launcher allocates none.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 
@@ -38,17 +27,14 @@ INIT_MAX_BLOCKS = 4096
 SHARED_LIMIT = 48 * 1024  # static shared memory per block
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 MAX_THREADS_PER_SM = 2048  # sm_80, sm_90
-# Shared memory one SM holds for resident blocks: 164 KiB on sm_80 (228 KiB on sm_90), less
-# 1 KiB the runtime reserves per block; the space is the same for both, so the smaller figure.
+# Shared memory one SM holds for resident blocks: sm_80's 164 KiB (sm_90: 228), for one space.
 SM_SHARED = 164 * 1024
 SHARED_RESERVED = 1024  # per resident block
 PTXAS_MAX_REGISTERS = 255
-# What the estimate below may reach: nvcc fills 255 registers and spills past an estimate of
-# ~215 (TM = TN = 8 with BK = 32 and 64-thread blocks), so blocks of up to 256 threads stop at 208.
+# What the estimate below may reach: nvcc spills past an estimate of ~215 (8 x 8 thread tiles,
+# block_k 32, 64-thread blocks). REGISTER_OVERHEAD: indices, pointers, bounds and loop state,
+# calibrated with nvcc 13 -Xptxas -v on sm_80 and sm_90 (no spill at or under the cap).
 MAX_REGISTERS = 208
-# Registers a variant needs besides accumulators, fragments and prefetch: indices, pointers,
-# bounds, loop state. Calibrated on nvcc 13 -Xptxas -v for sm_80 and sm_90: no spill at or
-# under the cap (512 threads: 128; fewer: MAX_REGISTERS).
 REGISTER_OVERHEAD = 40
 # min_blocks = 2 (see _occupancy_fits): the register estimate may exceed the cap of
 # __launch_bounds__(threads, 2) by this much (ptxas then schedules tighter, without spilling);
@@ -143,8 +129,8 @@ def _sync_depth(p) -> str | None:
 
 
 def _fma_order_tiles(p) -> str | None:
-    # Measured on SASS only for 8 x 8 thread tiles (the fma_order note by SEEDS); keeps the space under the
-    # contract test's 30,000 points.
+    # Measured on SASS only for 8 x 8 thread tiles (docs/families/sgemm.md, fma_order); keeps the
+    # space under the contract test's 30,000 points.
     if p["fma_order"] == "ji" and (p["thread_m"], p["thread_n"]) != (8, 8):
         return "fma_order=ji is for 8x8 thread tiles (thread_m = thread_n = 8)"
     return None
@@ -160,14 +146,8 @@ def _edge_checks_vectors(p) -> str | None:
 
 def _occupancy_fits(p, sm_shared: int = SM_SHARED) -> str | None:
     """min_blocks = 2 (__launch_bounds__(threads, 2)): the two blocks must fit an SM together
-    (threads, shared memory) and the cap must change something without making ptxas spill.
-
-    Measured with nvcc 13 -Xptxas -v on sm_80 and sm_90 (the tightest point of every block size,
-    thread tile, pipeline and load width): 128-thread blocks are not capped at all (256 > 255
-    registers); 256-thread blocks are capped at 128 and compile without spills where the register
-    estimate is at most CAP_SLACK over it (CAP_SLACK_ASYNC for cp.async pipelines) and the
-    staged loads are 16-byte (vector_width 4) or not staged (cp.async); 512-thread blocks are capped at 64 and spill even with 4 x 4 tiles
-    (sm_80). min_blocks = 3 (80 registers at 256 threads, 168 at 128) spilled on most tiles it caps."""
+    (threads, shared memory) and the cap must change something without making ptxas spill (the
+    bounds measured with nvcc 13 -Xptxas -v: docs/families/sgemm.md, "Parameters")."""
     blocks = p["min_blocks"]
     if blocks == 1 or _warp_tiles_fit(p):
         return None
@@ -227,18 +207,13 @@ def _ceil(a: int, b: int) -> int:
 
 
 # The strongest SIMT configurations known, in order of the prior: what a search tries first
-# (Sgemm.seed_configs adapts each to the shape: split-K to fill the GPU, min_blocks where it
-# compiles, 16-byte stores or vector atomic adds). 128 x 128 x 8 tiles with 8 x 8 thread tiles,
-# 16-byte loads, A transposed in shared memory (every variant), register double buffering and
-# two resident blocks per SM first: with unchecked interior loads (regsedge) and with checked
-# ones (regs), since ptxas schedules the two differently and neither wins every shape
-# (docs/families/sgemm.md, "pipeline"). Then cp.async double buffering, the other
-# warp layout, and smaller tiles for shapes that 128 x 128 tiles leave under one wave.
+# (Sgemm.seed_configs adapts each to the shape; why these: docs/families/sgemm.md, "Where a
+# search starts").
 SEED_TEMPLATES = (
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regsedge",
          fma_order="ji"),
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs"),
-    # fma_order=ji: fewer register-bank conflicts in the SASS (the fma_order note by SEEDS).
+    # fma_order=ji: fewer register-bank conflicts in the SASS (docs/families/sgemm.md, fma_order).
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="4x8", pipeline="regs",
          fma_order="ji"),
     dict(block_m=128, block_n=128, block_k=8, thread_m=8, thread_n=8, warp_layout="8x4", pipeline="regsedge"),
@@ -252,16 +227,10 @@ SEED_TEMPLATES = (
     dict(block_m=32, block_n=32, block_k=32, thread_m=4, thread_n=4, warp_layout="8x4", pipeline="async3"),
     dict(block_m=32, block_n=32, block_k=16, thread_m=4, thread_n=4, warp_layout="4x8", pipeline="async2"),
 )
-# fma_order (nvcc 13, sm_90, 128 x 128 x 8, 8 x 8 tiles, regs pipeline): the FFMAs of the main
-# loop that read two operands from one register bank (bank = register % 2, operands not taken
-# from the reuse cache), which costs the FFMA an issue cycle: ij 147 of 512 at min_blocks=2 (145
-# at 1), ji 106 (103); with block_k=16, ij 231 of 1024, ji 144. Orders by 4 x 4 quadrant (330)
-# or snaking rows (spills under the 128-register cap) are worse.
 SEEDS = 6  # seed configs per problem at most (each is a measured trial of the budget)
 SEED_COMMON = dict(vector_width=4, smem_pad=4, fma_order="ij")
 # Where split-K fills the GPU, the first template is also seeded with the smallest split giving
-# DEEP_SPLIT_WAVES blocks per SM (split 8 won 128 x 12288 x 4096, 768 blocks, where the split
-# filling one wave was 2: docs/benchmarks.md, sgemm).
+# DEEP_SPLIT_WAVES blocks per SM (docs/families/sgemm.md, "Where a search starts").
 DEEP_SPLIT_WAVES = 4
 
 
@@ -413,10 +382,6 @@ class Sgemm(Family):
             C = random_uniform(xp, rng, (m, n), xp.float32)
         return {"A": A, "B": B, "C": C, "alpha": case["alpha"], "beta": case["beta"]}
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return (inputs["A"], inputs["B"], inputs["C"], np.int32(problem["m"]), np.int32(problem["n"]),
-                np.int32(problem["k"]), np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
-
     def reference(self, problem: Problem, inputs: dict, xp=np):
         result = inputs["alpha"] * (inputs["A"].astype(xp.float64) @ inputs["B"].astype(xp.float64))
         if inputs["beta"] != 0.0:
@@ -477,12 +442,7 @@ class Sgemm(Family):
         if c.shape != (m, n):
             raise ArgumentError(f"C has shape {tuple(c.shape)}, but A B is {m} x {n}")
         inputs = {"A": a, "B": b, "C": c, "alpha": float(alpha), "beta": float(beta)}
-        return self._problem_of(m, n, k), inputs, C
-
-    @functools.lru_cache(maxsize=1024)
-    def _problem_of(self, m: int, n: int, k: int) -> Problem:
-        # Cached: the hot path of a dispatched call should not re-validate the same shape.
-        return self.problem("float32", m=m, n=n, k=k)
+        return self.problem_cached("float32", (("m", m), ("n", n), ("k", k))), inputs, C
 
 
 def _sgemm_arguments(A, B, alpha=1.0, beta=0.0, C=None):

@@ -1,4 +1,5 @@
-"""SGEMV: y = alpha * A x + beta * y, fp32, A row-major m x n. Template: templates/sgemv/kernel.cu.j2."""
+"""SGEMV: y = alpha * A x + beta * y (autogen.families._gemv), fp32, A row-major m x n.
+Template: templates/sgemv/kernel.cu.j2."""
 
 from __future__ import annotations
 
@@ -9,44 +10,14 @@ import numpy as np
 from autogen.errors import ArgumentError
 from autogen.core.problem import Config, Problem
 from autogen.core.space import Param, Space
-from autogen.core.family import Family, Launch, Peer, Step
+from autogen.core.family import Launch, Peer, Step
 from autogen.core.operands import device_array, kernel_scalar, new_output, random_uniform
 from autogen.core.registry import register
+from autogen.families._gemv import (GemvFamily, gemv_arguments, overshoot_reason, reduce_only_across_warps,
+                                    row_fits_block)
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 
 _F32 = np.dtype(np.float32)
-
-
-def _row_fits_block(p) -> str | None:
-    if p["threads_per_row"] > 32 * p["warps_per_block"]:
-        return (f"threads_per_row={p['threads_per_row']} needs warps_per_block >= "
-                f"{p['threads_per_row'] // 32}")
-    return None
-
-
-def _reduce_only_across_warps(p) -> str | None:
-    # Inside one warp only shuffles are used, so reduce=smem would duplicate a shfl variant.
-    if p["reduce"] == "smem" and p["threads_per_row"] <= 32:
-        return "reduce=smem only differs from shfl when threads_per_row > 32"
-    return None
-
-
-def rows_per_block(params) -> int:
-    """Rows one block computes: 32 * warps_per_block / threads_per_row row groups of
-    rows_per_group rows each (shared by the GEMV families: sgemv, hgemv)."""
-    return 32 * params["warps_per_block"] // params["threads_per_row"] * params["rows_per_group"]
-
-
-def overshoot_reason(n: int, threads_per_row: int, width: int, unroll: int, width_name: str) -> str | None:
-    """Why a row group of threads_per_row lanes loading `width` elements each (`unroll` loads in
-    flight) is not worth timing on rows of n elements (shared by the GEMV families), or None."""
-    # A row group whose single load step covers over twice the row leaves most lanes idle.
-    step = threads_per_row * width
-    if step > 2 * max(n, 32):
-        return f"threads_per_row*{width_name}={step} spans over twice n={n}"
-    if unroll > 1 and step * unroll > 2 * max(n, 32):
-        return f"unroll={unroll} reaches past n={n} on the first step"
-    return None
 
 
 SPACE = Space(
@@ -60,12 +31,12 @@ SPACE = Space(
         Param("x_path", ("ldg", "smem"), "x", "x through the read-only cache or staged in shared memory"),
         Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
     ),
-    constraints=(_row_fits_block, _reduce_only_across_warps),
+    constraints=(row_fits_block, reduce_only_across_warps),
 )
 
 
 @register
-class Sgemv(Family):
+class Sgemv(GemvFamily):
     name = "sgemv"
     api = "sgemv"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
@@ -79,16 +50,12 @@ class Sgemv(Family):
     space = SPACE
     default_params = {"threads_per_row": 32, "vector_width": 4, "warps_per_block": 4,
                       "rows_per_group": 1, "unroll": 2, "x_path": "ldg", "reduce": "shfl"}
-    outputs = ("y",)
     op_signature = OpSignature(
         (Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
         (Output("y", lambda A: (A.shape[0],), "float32", read_when="beta"),))
     c_params = "const float* A, const float* x, float* y, int m, int n, float alpha, float beta"
     tolerance = 1e-5
     description = "y = alpha * A x + beta * y, fp32, A row-major m x n"
-
-    def rows_per_block(self, config: Config) -> int:
-        return rows_per_block(config)
 
     def launch(self, problem: Problem, config: Config) -> Launch:
         rows = self.rows_per_block(config)
@@ -114,10 +81,6 @@ class Sgemv(Family):
                 "x": random_uniform(xp, rng, (n,), xp.float32),
                 "y": y, "alpha": case["alpha"], "beta": case["beta"]}
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return (inputs["A"], inputs["x"], inputs["y"], np.int32(problem["m"]), np.int32(problem["n"]),
-                np.float32(inputs["alpha"]), np.float32(inputs["beta"]))
-
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         # The shape arguments are fixed per plan, and alpha and beta converted once per value
         # (kernel_scalar): a dispatched call converts nothing on the hot path.
@@ -131,12 +94,6 @@ class Sgemv(Family):
 
         return [Step("", self.launch(problem, config), args)]
 
-    def reference(self, problem: Problem, inputs: dict, xp=np):
-        result = inputs["alpha"] * (inputs["A"].astype(xp.float64) @ inputs["x"].astype(xp.float64))
-        if inputs["beta"] != 0.0:
-            result += inputs["beta"] * inputs["y"].astype(xp.float64)
-        return result
-
     def reference_magnitude(self, problem: Problem, inputs: dict, xp=np):
         # The error's scale, not the reference: |A| @ |x| in float32 (relative error about
         # n * 2^-24) is exact enough for it and spares converting A to float64 a second time,
@@ -145,14 +102,6 @@ class Sgemv(Family):
         if inputs["beta"] != 0.0:
             result += abs(inputs["beta"]) * xp.abs(inputs["y"].astype(xp.float64))
         return result
-
-    def bytes_moved(self, problem: Problem, case: dict | None = None) -> int:
-        m, n = problem["m"], problem["n"]
-        reads_y = case is not None and case.get("beta", 0.0) != 0.0
-        return 4 * (m * n + n + m + (m if reads_y else 0))
-
-    def flops(self, problem: Problem) -> int:
-        return 2 * problem["m"] * problem["n"]
 
     def peer(self, problem: Problem) -> Peer | None:
         from autogen.gpu.peers import cublas_handle
@@ -171,7 +120,7 @@ class Sgemv(Family):
 
     def bind(self, cupy, device: int, args: tuple, kwargs: dict):
         """autogen.sgemv(A, x, alpha=1.0, beta=0.0, y=None) -> y"""
-        A, x, alpha, beta, y = _sgemv_arguments(*args, **kwargs)
+        A, x, alpha, beta, y = gemv_arguments(*args, **kwargs)
         ndarray = cupy.ndarray
         if type(A) is ndarray and type(x) is ndarray and (y is None or type(y) is ndarray):
             # CuPy operands: device_array's checks (dtype, rank, layout, device, shape) inline;
@@ -200,18 +149,7 @@ class Sgemv(Family):
         inputs = {"A": a, "x": xv, "y": yv, "alpha": alpha, "beta": beta}
         return self._problem_of(m, n), inputs, y
 
-    def example_call(self, problem: Problem, cupy):
-        rng = cupy.random.default_rng(0)
-        m, n = problem["m"], problem["n"]
-        A = rng.random((m, n), dtype=cupy.float32) - 0.5
-        x = rng.random(n, dtype=cupy.float32) - 0.5
-        return (A, x), {"y": cupy.empty(m, dtype=cupy.float32)}
-
     @functools.lru_cache(maxsize=1024)
     def _problem_of(self, m: int, n: int) -> Problem:
         # Cached: the hot path of a dispatched call should not re-validate the same shape.
         return self.problem("float32", m=m, n=n)
-
-
-def _sgemv_arguments(A, x, alpha=1.0, beta=0.0, y=None):
-    return A, x, alpha, beta, y

@@ -141,9 +141,6 @@ class Softmax(Family):
         return {"x": x.astype(problem.dtype, copy=False),
                 "y": xp.full((rows, cols), xp.nan, dtype=problem.dtype)}
 
-    def kernel_args(self, problem: Problem, inputs: dict) -> tuple:
-        return (inputs["x"], inputs["y"], np.int32(problem["rows"]), np.int32(problem["cols"]))
-
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         rows, cols = kernel_scalar(problem["rows"], np.int32), kernel_scalar(problem["cols"], np.int32)
         return [Step("", self.launch(problem, config), lambda inputs: (inputs["x"], inputs["y"], rows, cols))]

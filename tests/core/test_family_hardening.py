@@ -48,7 +48,7 @@ def test_list_never_imports_the_package_a_row_names(tmp_path, monkeypatch, capsy
 
 FAMILY_MODULE = '''
 import autogen
-from autogen.family import Launch
+from autogen.family import Launch, Step
 
 
 @autogen.register
@@ -64,7 +64,15 @@ class Kern(autogen.Family):
 
     def launch(self, problem, config):
         return Launch((1, 1, 1), (128, 1, 1))
-'''
+{hooks}'''
+KERNEL_ARGS = """
+    def kernel_args(self, problem, inputs):
+        return (inputs["y"], problem["n"])
+"""
+PLAN = """
+    def plan(self, problem, config):
+        return [Step("", self.launch(problem, config), lambda inputs: (inputs["y"], problem["n"]))]
+"""
 GOOD_TEMPLATE = ('extern "C" __global__ void {{ kernel_name }}(float* y, int n) '
                  '{ int i = blockIdx.x * {{ block_size }} + threadIdx.x; if (i < n) y[i] = 0.f; }\n')
 
@@ -75,13 +83,15 @@ def user_package(tmp_path, monkeypatch):
     beside it (template=None: none). The registry is restored afterwards."""
     import autogen.core.registry as family_module
 
+    family_module.all_families(include_plugins=False)  # built-ins registered for good, not in the copy alone
     monkeypatch.setattr(family_module, "_REGISTRY", dict(family_module._REGISTRY))
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def write(package: str, template: str | None = GOOD_TEMPLATE, **changes) -> str:
         folder = tmp_path / package
         folder.mkdir()
-        fields = {"name": "kern", "dims": ("n",), "param": "block_size", "choices": (128, 256), **changes}
+        fields = {"name": "kern", "dims": ("n",), "param": "block_size", "choices": (128, 256), "hooks": KERNEL_ARGS,
+                  **changes}
         (folder / "__init__.py").write_text(FAMILY_MODULE.format(**fields))
         if template is not None:
             (folder / "kern.cu.j2").write_text(template)
@@ -106,6 +116,8 @@ def _one_line_error(capsys, code: int, *fragments: str) -> str:
     ("param_not_identifier", {"param": "block size"}, "parameter name 'block size' is not an identifier"),
     ("param_no_choices", {"choices": ()}, "parameter 'block_size' has no choices"),
     ("no_template", {"template": None}, "template 'kern.cu.j2' not found"),
+    ("no_arguments", {"hooks": ""}, "does not define kernel_args (its one kernel's), nor a plan of its launches"),
+    ("arguments_twice", {"hooks": KERNEL_ARGS + PLAN}, "defines both plan and kernel_args"),
 ])
 def test_a_broken_definition_is_refused_at_registration_in_one_line(user_package, capsys, package, changes,
                                                                      fragment):
@@ -137,6 +149,17 @@ def test_a_template_that_cannot_render_stops_before_any_search_or_write(user_pac
     _one_line_error(capsys, main(["export", name, "--out", str(tmp_path / "out"), "--db", str(database)]),
                     fragment, name)
     assert not database.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("package, hooks", [("by_kernel_args", KERNEL_ARGS), ("by_plan", PLAN)])
+def test_a_family_states_its_arguments_in_kernel_args_or_in_plan(user_package, package, hooks):
+    from autogen.core.registry import get_family
+
+    family = get_family(user_package(package, hooks=hooks))
+    problem = family.problem(n=1024)
+    [step] = family.plan(problem, family.default_config())
+    assert step.suffix == "" and step.launch.block == (128, 1, 1)
+    assert step.args({"y": "y"}) == ("y", 1024)
 
 
 def test_two_plugins_registering_one_dotted_name_are_refused(user_package):

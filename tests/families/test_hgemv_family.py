@@ -131,7 +131,6 @@ def test_plan_launches_one_tile_of_vectors_each(batch, tile, starts):
     # Every vector is computed by exactly one launch.
     covered = [j for j0 in starts for j in range(j0, min(batch, j0 + tile))]
     assert covered == list(range(batch))
-    assert held(FAMILY.kernel_args(problem, inputs)) == held(steps[0].args(inputs))
 
 
 def test_host_launcher_loops_over_the_tiles_with_the_python_grid():
