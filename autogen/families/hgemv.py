@@ -230,10 +230,9 @@ class Hgemv(GemvFamily):
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
                       "tail": "checked", "row_align": "scalar", "split_k": 1}
+    op_signature = OpSignature((Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
+                               (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
     # __half or __nv_bfloat16 data as the kernel name's dtype tag says: one signature for both.
-    op_signature = OpSignature(
-        (Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
-        (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
     c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"
     tolerance = TOLERANCES["float16"]
     description = ("y = alpha * A x + beta * y, A row-major m x n in fp16 or bf16, x n x batch, "
