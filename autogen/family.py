@@ -5,7 +5,7 @@ The definitions live in autogen.core (family: the contract; registry: finding fa
 operands: helpers for a family's Python call); this module only names them.
 """
 
-from autogen.core.family import MAX_DIM, Family, Launch, Peer, Step, Trait
+from autogen.core.family import Family, Launch, MAX_DIM, Peer, Step, Trait
 from autogen.core.operands import (
     call_stream_ptr,
     device_array,

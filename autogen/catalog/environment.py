@@ -16,6 +16,9 @@ re-times its best few trials here, which makes it fresh.
 from __future__ import annotations
 
 from tuning_db.records import DeviceIdentity, WinnerRecord
+from autogen._version import __version__
+from autogen.catalog.source_memo import rendered_source_hash
+from autogen.errors import AutogenError
 
 
 def stale_reasons(winner: WinnerRecord, source_hash: str | None, device: DeviceIdentity | None,
@@ -26,7 +29,7 @@ def stale_reasons(winner: WinnerRecord, source_hash: str | None, device: DeviceI
     `device` the running GPU's identity (None: no GPU here, the software stack is not compared);
     `version` this autogen's version (default: autogen.__version__)."""
     if version is None:
-        from autogen._version import __version__ as version
+        version = __version__
     reasons = []
     stored = winner.trial.source_hash
     if source_hash is not None and stored != source_hash:
@@ -53,8 +56,6 @@ def _version_text(value) -> str:
 def winner_source_hash(family, winner: WinnerRecord) -> str | None:
     """The hash of the winner's params rendered by this autogen; None where they do not render
     (params outside the family's space: the dispatcher skips such a row anyway)."""
-    from autogen.errors import AutogenError
-    from autogen.catalog.source_memo import rendered_source_hash
     try:
         config = family.space.check(winner.trial.params)
         traits = tuple((t.name, dict(_dims(winner.trial.shape_key)).get(t.name, t.choices[0]))

@@ -20,6 +20,7 @@ from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 from tuning_db.rows import _device_record, _Malformed, _number, _text, _trial_record
 
 from autogen.paths import write_atomically
+from autogen.report import terminal_text
 
 CATALOG_DIR = Path(__file__).resolve().parent / "data"
 FORMAT = 1
@@ -78,7 +79,6 @@ def load_catalog(path: Path) -> list[WinnerRecord]:
 
 
 def _warn(path: Path, message: str) -> None:
-    from autogen.report import terminal_text
     print(f"autogen: warning: shipped catalog {terminal_text(str(path))}: {terminal_text(message)}",
           file=sys.stderr)
 

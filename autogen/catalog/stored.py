@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autogen.errors import AutogenError
 from autogen.core.problem import problem_of_record
+from autogen.errors import AutogenError
 
 if TYPE_CHECKING:
     from tuning_db.records import TrialRecord, WinnerRecord

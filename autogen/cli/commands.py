@@ -5,122 +5,31 @@ from __future__ import annotations
 import math
 import statistics
 import sys
-from dataclasses import replace
 
-from autogen.errors import InvalidConfigError, NotTunedError
-from autogen.core.registry import check_family_renders, get_family, registered_family
+from autogen.catalog.stored import unusable_reason, winner_unusable_reason
 from autogen.cli.options import (
-    check_db_url,
     check_export_out,
     check_storing_db,
-    check_tune_options,
+    family_of,
     missing_sqlite_file,
     problems_from_args,
 )
-from autogen.report import performance, render_table, terminal_text, to_json, tune_summary, tune_table
-
-
-def run(args) -> int:
-    if hasattr(args, "db"):
-        args.db = check_db_url(args.db)
-    handler = {"tune": cmd_tune, "bench": cmd_bench, "list": cmd_list, "show": cmd_show, "db": cmd_db,
-               "export": cmd_export, "tune-model": cmd_tune_model}
-    return handler[args.command](args)
-
-
-def _family(args):
-    """The family a command names; a user's is checked to render first (check_family_renders)."""
-    family = args.family_object or get_family(args.family)
-    check_family_renders(family)
-    return family
-
-
-def cmd_tune(args) -> int:
-    check_tune_options(args)
-    check_storing_db(args.db, "tune")
-    problems = problems_from_args(args, _family(args))
-    documents = tune_documents(args, problems, tables=not args.json)
-    if args.json:
-        print(to_json(documents[0] if len(documents) == 1 else documents))
-    return 0 if all(d["winner"] for d in documents) else 1
-
-
-def cmd_tune_model(args) -> int:
-    from autogen.cli.tune_model import cmd_tune_model as run_it
-    return run_it(args)
-
-
-def tune_documents(args, problems, tables: bool) -> list[dict]:
-    """Tune `problems` with the tune options in `args` (the GPUs of --gpus, resuming from the
-    database), each problem's summary (autogen.report.tune_summary) in order; `tables`: print
-    each problem's table as it finishes."""
-    if getattr(args, "gpus", None) is None:
-        _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
-    from autogen.distributed.multi_gpu import parse_gpus, resolve_gpus, tune_problems
-    gpus = parse_gpus(getattr(args, "gpus", None))
-    from autogen.gpu.device import require_cupy, require_gpu
-    from autogen.search.tuner import TuneOptions, check_options
-
-    options = TuneOptions(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed,
-                          cache_mode=args.cache, db_url=args.db, warm_start=not args.no_warm_start,
-                          eval_timeout_s=args.eval_timeout, refresh=getattr(args, "refresh", False),
-                          lease_s=args.lease, **({"workers": args.workers} if args.workers else {}))
-    try:
-        check_options(options)
-        if gpus is not None:
-            options = replace(options, gpus=resolve_gpus(gpus, require_cupy().cuda.runtime.getDeviceCount()))
-        else:
-            require_gpu()  # through the driver: a tune answered from the database imports no CuPy
-    except BaseException:
-        from autogen.gpu.backend import discard_prestarted
-        discard_prestarted()  # no GPU (say): stopped now, not left to outlive this process
-        raise
-
-    from autogen.search.progress import ProgressOutput
-    # On a terminal, a bar per problem instead of a line per trial; never with --json.
-    progress = ProgressOutput(sys.stderr, bars=False if args.json else None)
-
-    def show(result) -> None:  # each table as its problem finishes (several GPUs: in that order)
-        progress.finish(str(result.problem))
-        if tables:
-            with progress.aside():
-                print(tune_table(tune_summary(result)) + ("\n" if len(problems) > 1 else ""), flush=True)
-
-    try:
-        results = tune_problems(problems, options, progress, on_result=show)
-    finally:
-        progress.close()
-        from autogen.gpu.backend import discard_prestarted
-        discard_prestarted()  # unused when the database answered
-    by_problem = {result.problem: tune_summary(result) for result in results}
-    return [by_problem[problem] for problem in problems]
-
-
-def _prestart_gpu_work(args, problem) -> None:
-    """Spawn the GPU worker and the compile pool of the first problem now (autogen.gpu.backend),
-    where CuPy is installed; without it the tuner says so after its checks, as before."""
-    import importlib.util
-    import os
-
-    if os.environ.get("AUTOGEN_NO_PRESTART") or importlib.util.find_spec("cupy") is None:
-        return
-    from autogen.gpu.backend import prestart
-    from autogen.gpu.evaluator import WorkSpec
-    from autogen.gpu.worker import default_workers
-    prestart(WorkSpec.of(problem, args.cache), args.workers or default_workers(), args.eval_timeout)
+from autogen.core.registry import check_family_renders, get_family, registered_family
+from autogen.errors import AutogenError, GpuUnavailableError, InvalidConfigError, NotTunedError
+from autogen.gpu.compile import compile_cubin
+from autogen.gpu.resources import kernel_resources, nvcc_path, nvcc_version
+from autogen.report import performance, render_table, terminal_text, to_json
 
 
 def cmd_bench(args) -> int:
     from tuning_db import TuningDB
 
-    from autogen.gpu.compile import compile_cubin
     from autogen.gpu.device import require_cupy
     from autogen.core.render import render
-    from autogen.catalog.stored import unusable_reason
     from autogen.gpu.worker import IsolatedEvaluator
     from autogen.gpu.evaluator import WorkSpec
 
-    family = _family(args)
+    family = family_of(args)
     (problem,) = problems_from_args(args, family)
     require_cupy()
     _note_missing_db(args.db)
@@ -184,8 +93,6 @@ def _winners(db_url, **filters):
 def _consistent(found: list) -> list:
     """The (source, winner) pairs whose family, where known here, can render the winner under
     its stored name (autogen.catalog.stored); the others are reported, one line each, and skipped."""
-    from autogen.catalog.stored import winner_unusable_reason
-
     kept = []
     for source, winner in found:
         family = registered_family(winner.trial.family)  # a name read from data: never imported
@@ -240,7 +147,6 @@ def _staleness():
     """winner -> why it is stale here (autogen.catalog.environment): template and autogen version always;
     driver, runtime and NVRTC for winners of this machine's GPU, where one is visible."""
     from autogen.catalog.environment import stale_reasons, winner_source_hash
-    from autogen.errors import AutogenError, GpuUnavailableError
 
     try:
         from autogen.gpu.device import device_identity
@@ -264,7 +170,7 @@ def cmd_show(args) -> int:
 
     from autogen.core.render import render
 
-    family = _family(args)
+    family = family_of(args)
     (problem,) = problems_from_args(args, family)
     found, invalid = _winners(args.db, family=problem.family, dtype=problem.dtype, shape_key=problem.shape_key)
     matches = [(s, w) for s, w in found if w in one_per_problem([w for _, w in found])]  # cold first
@@ -330,8 +236,6 @@ def _resources(source: str, arch: str, launches: dict) -> dict:
     """ptxas's report of the shown kernel(s), compiled by nvcc for `arch` (autogen.gpu.resources),
     each with the launch it gets for the shown shape (`launches`: symbol -> Launch), since
     registers and shared memory bound the blocks per SM only together with the block size."""
-    from autogen.gpu.resources import kernel_resources, nvcc_path, nvcc_version
-
     nvcc = nvcc_path()
     kernels = []
     for k in kernel_resources(source, arch, nvcc):
@@ -415,7 +319,6 @@ def _report_invalid(invalid) -> None:
 
 
 def _local_gpu_name() -> str | None:
-    from autogen.errors import GpuUnavailableError
     try:
         from autogen.gpu.device import device_identity
         return device_identity().name

@@ -20,17 +20,26 @@ import sys
 from pathlib import Path
 
 from autogen._version import __version__
-from autogen.errors import AutogenError, UsageError
-from autogen.search.lease import MAX_LEASE_S
+from autogen.cli.commands import cmd_bench, cmd_db, cmd_export, cmd_list, cmd_show
 from autogen.cli.options import (
-    MAX_SHAPES_BYTES,
+    check_db_url,
     dim_flag,
     int_list,
+    MAX_SHAPES_BYTES,
     signed_int,
     strict_float,
     strict_int,
     trait_text,
 )
+from autogen.cli.tune_model import cmd_tune_model
+from autogen.cli.tuning import cmd_tune
+from autogen.core.registry import all_families, get_family
+from autogen.errors import AutogenError, UsageError
+from autogen.gpu import stack_record
+from autogen.gpu.compile import nvrtc_version
+from autogen.report import terminal_text
+from autogen.search.lease import MAX_LEASE_S
+from autogen.torch.models import PRESETS
 
 FAMILY_COMMANDS = ("tune", "bench", "show")
 COMMANDS = ("tune", "bench", "list", "show", "export", "db", "tune-model")
@@ -95,7 +104,6 @@ def _literal_description(text: str) -> str:
 
 
 def _family_names() -> str:
-    from autogen.core.registry import all_families
     return ", ".join(all_families())
 
 
@@ -158,20 +166,19 @@ def _add_tune_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _model_presets() -> list[str]:
-    from autogen.torch.models import PRESETS
     return list(PRESETS)
 
 
 def build_parser(family=None) -> argparse.ArgumentParser:
     parser = _Parser(prog="autogen", description="Code-generating CUDA kernel autotuner.")
     parser.add_argument("--version", action="version", version=f"autogen {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    tune = commands.add_parser("tune", help="search a family's variants for a shape and store the winner")
+    tune = subcommands.add_parser("tune", help="search a family's variants for a shape and store the winner")
     _add_family_args(tune, family, many=True)
     _add_tune_options(tune)
 
-    tune_model = commands.add_parser(
+    tune_model = subcommands.add_parser(
         "tune-model", help="tune every decode-time problem of a model (a Hugging Face config.json or a preset)")
     tune_model.add_argument("config", metavar="CONFIG",
                             help="a config.json (or its folder), or a preset: " + ", ".join(_model_presets()))
@@ -182,18 +189,18 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     tune_model.add_argument("--report", metavar="FILE.html", help="also write a self-contained HTML page of the results")
     _add_tune_options(tune_model)
 
-    bench = commands.add_parser("bench", help="re-measure the stored winner against the peer")
+    bench = subcommands.add_parser("bench", help="re-measure the stored winner against the peer")
     _add_family_args(bench, family)
     bench.add_argument("--cache", default="cold", choices=["cold", "hot"])
     bench.add_argument("--json", action="store_true")
     _add_db_arg(bench)
 
-    listing = commands.add_parser("list", help="what is tuned, per GPU, family and shape (the shipped catalog too)")
+    listing = subcommands.add_parser("list", help="what is tuned, per GPU, family and shape (the shipped catalog too)")
     listing.add_argument("--family", help="only this family")
     listing.add_argument("--json", action="store_true")
     _add_db_arg(listing)
 
-    show = commands.add_parser("show", help="one stored entry: parameters, source, provenance")
+    show = subcommands.add_parser("show", help="one stored entry: parameters, source, provenance")
     _add_family_args(show, family)
     show.add_argument("--gpu", help="GPU name (default: this machine's GPU; else, where several are stored, the one "
                                     "with the most tuned shapes of the family)")
@@ -204,7 +211,7 @@ def build_parser(family=None) -> argparse.ArgumentParser:
                            "registers, spills, stack frame, static shared memory and barriers (no GPU needed)")
     _add_db_arg(show)
 
-    export = commands.add_parser("export", help="write the tuned kernels as standalone CUDA C++ with build files")
+    export = subcommands.add_parser("export", help="write the tuned kernels as standalone CUDA C++ with build files")
     export.add_argument("family", help=f"kernel family: {_family_names()}")
     export.add_argument("--out", required=True, metavar="DIR",
                         help="folder to write into (created if missing; fixed file names, never outside it)")
@@ -220,7 +227,7 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     export.add_argument("--json", action="store_true", help="print what was exported as JSON")
     _add_db_arg(export)
 
-    db = commands.add_parser("db", help="database maintenance")
+    db = subcommands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     upgrade = db_commands.add_parser("upgrade", help="apply schema migrations")
     _add_db_arg(upgrade)
@@ -230,7 +237,6 @@ def build_parser(family=None) -> argparse.ArgumentParser:
 def _named_family(argv: list[str]):
     """The family a family command names, or None (no such command, or no family given yet)."""
     if len(argv) >= 2 and argv[0] in FAMILY_COMMANDS and not argv[1].startswith("-"):
-        from autogen.core.registry import get_family
         return get_family(argv[1])
     return None
 
@@ -255,19 +261,28 @@ def _start_gpu_preparation() -> None:
     def prepare() -> None:
         try:
             ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1").cuInit(0)
-            from autogen.gpu import stack_record
             if stack_record.recall() is not None:
                 return
             import cupy  # noqa: F401
             # CuPy loads NVRTC on first use, after searching the disk for it (cuda.pathfinder's
             # search, a large share of the warm command: docs/history/sessions.md, ninth
             # session); the device's identity names NVRTC's version.
-            from autogen.gpu.compile import nvrtc_version
             nvrtc_version()
         except Exception:
             pass
 
     threading.Thread(target=prepare, name="autogen-gpu-preparation", daemon=True).start()
+
+
+HANDLERS = {"tune": cmd_tune, "tune-model": cmd_tune_model, "bench": cmd_bench, "list": cmd_list, "show": cmd_show,
+            "export": cmd_export, "db": cmd_db}
+
+
+def run(args) -> int:
+    """Run the parsed command."""
+    if hasattr(args, "db"):
+        args.db = check_db_url(args.db)
+    return HANDLERS[args.command](args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,9 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         family = _named_family(argv)
         args = build_parser(family).parse_args(argv)
         args.family_object = family
-        from autogen.cli import commands  # imported late: `autogen --help` needs no database or GPU libraries
-
-        return commands.run(args)
+        return run(args)
     except CommandLineError as exc:
         print(f"{exc.prog}: error: {_one_line(exc)} (see {_help_command(argv, family)})", file=sys.stderr)
         return exc.exit_code
@@ -335,7 +348,6 @@ def entry() -> None:
 
 
 def _one_line(exc: BaseException) -> str:
-    from autogen.report import terminal_text
     return terminal_text(" ".join(str(exc).split()) or type(exc).__name__)
 
 

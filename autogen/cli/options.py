@@ -15,8 +15,9 @@ import stat
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from autogen.errors import UsageError
 from autogen.core.problem import Problem
+from autogen.core.registry import check_family_renders, get_family
+from autogen.errors import UsageError
 from autogen.search.lease import check_lease
 
 DIGITS = re.compile(r"[0-9]+")
@@ -225,3 +226,10 @@ def problems_from_args(args, family) -> list[Problem]:
         raise UsageError(f"{family.name} needs {', '.join(dim_flag(d) for d in family.dims)}")
     problems = [family.problem(args.dtype, **{**traits, **shape}) for shape in shapes]
     return list(dict.fromkeys(problems))  # a shape given twice is tuned once
+
+
+def family_of(args):
+    """The family a command names; a user's is checked to render first (check_family_renders)."""
+    family = args.family_object or get_family(args.family)
+    check_family_renders(family)
+    return family

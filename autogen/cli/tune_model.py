@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autogen.cli.options import check_storing_db, check_tune_options
+from autogen.cli.tuning import tune_documents
 from autogen.errors import UsageError
 from autogen.report import to_json
 from autogen.torch.models import decode_plan, load_model
@@ -16,9 +18,6 @@ from autogen.torch.report import model_report_html, model_rows, model_table, ste
 
 
 def cmd_tune_model(args) -> int:
-    from autogen.cli.commands import tune_documents
-    from autogen.cli.options import check_storing_db, check_tune_options
-
     plan = decode_plan(load_model(args.config), args.batch, args.dtype)
     report = _report_path(args.report) if args.report else None
     check_tune_options(args)

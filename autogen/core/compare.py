@@ -1,6 +1,6 @@
-"""How outputs are compared with the float64 reference: the relative L2 error, what rounding to
-an output type cannot avoid, and the rule that turns both into pass or fail. Pure array maths
-(NumPy or CuPy through `xp`): no GPU, no timing."""
+"""How outputs are compared with the float64 reference: the relative L2 error, and what rounding
+to an output type cannot avoid (the rule that turns both into pass or fail is
+autogen.gpu.measure.judge). Pure array maths (NumPy or CuPy through `xp`): no GPU, no timing."""
 
 from __future__ import annotations
 
@@ -38,22 +38,3 @@ def rounding_error(xp, ref, dtype: str, magnitude=None) -> float:
         rounded = round_trip(xp, ref, dtype)
     error, reason = relative_error(xp, rounded, ref, magnitude)
     return 0.0 if reason else error
-
-
-def judge(family, problem, inputs: dict, expected, magnitude, xp) -> tuple[float, str]:
-    """(error, why the outputs fail or ""): the family's comparison, then the rule. An error up
-    to the family's tolerance passes; past it, the error may exceed it by what the outputs' own
-    types cost the float64 reference (Family.representable_error: nothing for fp32 outputs, the
-    error of the reference rounded to float16/bfloat16 for half ones). Computed only past the
-    tolerance, so outputs that pass it cost nothing more. NaN never passes."""
-    error, reason = family.compare(problem, inputs, expected, magnitude, xp)
-    if reason:
-        return error, reason
-    tolerance = family.tolerance_for(problem)
-    if error <= tolerance:
-        return error, ""
-    floor = family.representable_error(problem, inputs, expected, magnitude, xp) if math.isfinite(error) else 0.0
-    if error <= tolerance + floor:
-        return error, ""
-    allowed = f"{tolerance:g} + {floor:.3g} (the reference rounded to the output type)" if floor else f"{tolerance:g}"
-    return error, f"relative L2 error {error:.3g} > {allowed}"

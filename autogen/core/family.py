@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from autogen.core.dtypes import DTYPES
-from autogen.errors import UsageError
+from autogen.core.compare import relative_error, rounding_error
+from autogen.core.dtypes import DTYPES, to_float64
 from autogen.core.problem import Config, Problem
+from autogen.errors import UsageError
+from autogen.paths import templates_dir
 
 if TYPE_CHECKING:  # a family's space is checked by the registry; the contract only names its type
     from autogen.core.space import Space
@@ -156,7 +158,6 @@ class Family:
 
     def template_dirs(self) -> list[Path]:
         """Where this family's templates are looked up: beside its module, then autogen's."""
-        from autogen.paths import templates_dir
         here = Path(sys.modules[self.module].__file__).resolve().parent
         return [here, templates_dir()] if here != templates_dir() else [here]
 
@@ -193,7 +194,6 @@ class Family:
     def check_problem(self, problem: Problem) -> None:
         """Raise UsageError for a shape the family cannot compute (e.g. a bias size that does
         not divide n). Default: every shape is fine."""
-
     def tolerance_for(self, problem: Problem) -> float:
         """The relative error a variant may show on this problem (families with several dtypes
         may differ per dtype), before what half outputs' types add (representable_error)."""
@@ -298,7 +298,6 @@ class Family:
     def compare(self, problem: Problem, inputs: dict, expected, magnitude, xp=np) -> tuple[float, str]:
         """(error, why it fails or ""): the worst relative L2 error over the outputs. Families
         whose results are exact (integers, selected values) override this with an exact check."""
-        from autogen.core.compare import relative_error
         worst = 0.0
         for name in self.outputs:
             ref, scale = _of_output(expected, name), _of_output(magnitude, name)
@@ -313,11 +312,10 @@ class Family:
         it) of the float64 reference rounded to an output's type, for outputs stored in float16
         or bfloat16 (subnormals included); 0 for every other type, so fp32 and exact outputs are
         judged by the tolerance alone. Validation allows tolerance_for(problem) plus this
-        (autogen.core.compare.judge): a softmax row of 128256 columns holds probabilities near
+        (autogen.gpu.measure.judge): a softmax row of 128256 columns holds probabilities near
         1/128256, fp16 subnormals, whose correct rounding alone exceeds the fp16 tolerance. With
         several outputs the largest applies to compare's worst error (every built-in family
         with a half output has that one output)."""
-        from autogen.core.compare import rounding_error
         worst = 0.0
         for name in self.outputs:
             dtype = self.output_dtype(problem, inputs, name, xp)
@@ -336,7 +334,6 @@ class Family:
 
     def output_values(self, problem: Problem, inputs: dict, name: str, xp=np):
         """An output as float64-comparable values (bfloat16 bit patterns decoded)."""
-        from autogen.core.dtypes import to_float64
         array = inputs[name]
         return to_float64(xp, array, "bfloat16") if self.output_dtype(problem, inputs, name, xp) == "bfloat16" \
             else array

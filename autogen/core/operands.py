@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from autogen.core.dtypes import DTYPES
+from autogen.core.dtypes import DTYPES, to_storage
 from autogen.errors import ArgumentError, CaptureError
 
 # --- operand helpers for bind() -------------------------------------------------------------
@@ -195,7 +195,6 @@ def _holder_class():
 def random_uniform(xp, rng, shape, dtype) -> Any:
     """Uniform in [-0.5, 0.5): never zeros, so unwritten outputs and bad indexing show. `dtype`
     is an autogen dtype name ("bfloat16" gives bit patterns) or a NumPy/CuPy dtype."""
-    from autogen.core.dtypes import to_storage
     values = rng.random(shape, dtype=xp.float32)
     values -= xp.float32(0.5)  # in place: no second array
     if isinstance(dtype, str) and dtype in DTYPES:

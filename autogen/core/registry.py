@@ -6,7 +6,7 @@ family: they ask here.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import importlib
 import re
@@ -15,10 +15,12 @@ from importlib import metadata
 
 
 from autogen.core.dtypes import DTYPES
-from autogen.errors import AutogenError, FamilyError, InvalidConfigError, UsageError
-from autogen.core.family import Family
 from autogen.core.signature import check_signature
 from autogen.core.space import Space
+from autogen.errors import AutogenError, FamilyError, InvalidConfigError, UsageError
+
+if TYPE_CHECKING:  # the registry holds families; it needs their class for annotations only
+    from autogen.core.family import Family
 
 ENTRY_POINT_GROUP = "autogen.families"
 BUILTIN_PACKAGE = "autogen.families"
@@ -131,7 +133,8 @@ def _check_arguments_stated_once(family: Family, where: str) -> None:
     """The kernels' arguments are stated in one place: plan, or launch and kernel_args for the
     default plan's one kernel; a kernel_args beside a plan of the family's own would never run."""
     hooks = ("plan", "launch", "kernel_args")
-    own = {hook for hook in hooks if getattr(type(family), hook) is not getattr(Family, hook)}
+    contract = type(family).__mro__[-2]  # Family: every family derives from it, before object
+    own = {hook for hook in hooks if getattr(type(family), hook) is not getattr(contract, hook)}
     if "plan" in own and "kernel_args" in own:
         raise FamilyError(f"{where} defines both plan and kernel_args, which only the default plan calls: "
                           "state the arguments in plan's steps alone")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import jinja2
 
-from autogen.paths import templates_dir
 from autogen.core.problem import Config
+from autogen.errors import FamilyError
+from autogen.paths import kernel_cache_dir, templates_dir
 
 PDL_SUFFIX = "_pdl"  # the kernel name of a variant rendered with pdl=True
 
@@ -28,8 +29,6 @@ class _TemplateBytecodeCache(jinja2.FileSystemBytecodeCache):
 
 
 def _bytecode_cache() -> jinja2.BytecodeCache | None:
-    from autogen.paths import kernel_cache_dir
-
     folder = kernel_cache_dir() / "templates"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -89,7 +88,6 @@ def _where_in_template(exc: Exception, template_name: str) -> str:
 
 
 def _family_error(family, message: str):
-    from autogen.errors import FamilyError
     from autogen.core.registry import describe_family
     return FamilyError(f"{describe_family(family)}: {message}")
 

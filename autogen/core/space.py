@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
-from autogen.errors import InvalidConfigError
 from autogen.core.problem import Config
+from autogen.errors import InvalidConfigError
 
 # A constraint returns None when the parameters are compatible, else the reason they are not.
 Constraint = Callable[[Mapping[str, int | str]], "str | None"]

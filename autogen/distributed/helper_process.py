@@ -73,7 +73,7 @@ class HelperProcess:
     """A helper process, started at once, and what it reported; ``progress`` gets its lines.
     Used by one thread of the parent; end() may be called from another (cleanup)."""
 
-    def __init__(self, request: HelpRequest, progress: Callable[[str], None]):
+    def __init__(self, request: HelpRequest, progress: Callable[[str], None], search: Callable):
         self.progress = progress
         self.failed = False  # it reported an error
         self.stopped = False  # told to stop: its exit is no failure
@@ -81,7 +81,7 @@ class HelperProcess:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         # Not a daemon: a daemonic process may not start the GPU worker and the compile pool.
-        self.process = context.Process(target=_helper_main, args=(child_conn, request),
+        self.process = context.Process(target=_helper_main, args=(child_conn, request, search),
                                        name=f"autogen-helper-gpu{request.device_index}")
         try:
             self.process.start()
@@ -201,7 +201,9 @@ class _Stop:
         self.event.set()
 
 
-def _helper_main(conn, request: HelpRequest) -> None:
+def _helper_main(conn, request: HelpRequest, search: Callable) -> None:
+    # `search(parent, request, stop)` runs the helper's part of the search (autogen.distributed.
+    # multi_gpu.search_as_helper): this module is the process and its pipe, not the tuner.
     # Ctrl-C reaches the whole process group; the parent decides, and ends its helpers with
     # SIGTERM. Ignored here, SIGINT is ignored by the GPU worker and compile pool started here
     # too: none dies under a variant in flight, each is closed by this process on its way out.
@@ -213,29 +215,9 @@ def _helper_main(conn, request: HelpRequest) -> None:
     parent = _Parent(conn)
     stop_with_parent(os.getppid())  # orphaned, it stops as if the parent had ended it
     try:
-        _search_as_helper(parent, request, stop)
+        search(parent, request, stop)
     except KeyboardInterrupt:
         pass  # stopped before its search
     except BaseException as exc:
         parent.send("error", f"{type(exc).__name__}: {exc}")
         raise SystemExit(1) from None
-
-
-def _search_as_helper(parent: _Parent, request: HelpRequest, stop: _Stop) -> None:
-    from autogen.search.tuner import Tuner
-
-    tuner = Tuner(request.problem, request.options, parent.progress, request.backend_factory)
-    with tuner.open_backend(request.device_index) as backend:
-        tuner.open_search_soon()  # while the GPU worker creates its CUDA context
-        parent.send("ready", backend.device)
-        go = parent.receive()
-        if go is None:
-            return
-        tuner.follow(go.device, go.start)
-        stop.searching = True
-        try:
-            tuner.search(backend, time.monotonic() - go.elapsed_s, request.device_index, request.slot,
-                         stop=stop.event)
-        finally:
-            stop.searching = False
-            parent.send("counts", tuner.counts)  # what it measured, also when it failed midway

@@ -41,13 +41,13 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from autogen.gpu.backend import GpuBackend
-from autogen.errors import UsageError
-from autogen.distributed.helper_process import HelpRequest, HelperProcess
 from autogen.core.problem import Problem
-from autogen.search.progress import TrialDone
+from autogen.distributed.helper_process import HelperProcess, HelpRequest
+from autogen.errors import UsageError
+from autogen.gpu.backend import GpuBackend
 from autogen.report import terminal_text
-from autogen.search.tuner import TuneOptions, TuneResult, Tuner
+from autogen.search.progress import TrialDone
+from autogen.search.tuner import TuneOptions, Tuner, TuneResult
 
 
 def _log(message: str) -> None:
@@ -279,7 +279,7 @@ class MultiGpu:
         options = replace(self.options, db_url=job.tuner.db.url,
                           workers=max(1, self.options.workers // len(self.gpus)))
         helper = HelperProcess(HelpRequest(job.problem, options, self.backend_factory, gpu, slot),
-                               job.tuner.progress)
+                               job.tuner.progress, search_as_helper)
         with self.lock:
             self.helper_processes.append(helper)
         try:
@@ -329,3 +329,22 @@ def tune_problems(problems: list[Problem], options: TuneOptions, progress: Calla
                 on_result(results[-1])
         return results
     return MultiGpu(problems, options, progress, backend_factory, on_result).run()
+
+
+def search_as_helper(parent, request: HelpRequest, stop) -> None:
+    """A helper process's part: open its backend, say it is ready, search when told to go."""
+    tuner = Tuner(request.problem, request.options, parent.progress, request.backend_factory)
+    with tuner.open_backend(request.device_index) as backend:
+        tuner.open_search_soon()  # while the GPU worker creates its CUDA context
+        parent.send("ready", backend.device)
+        go = parent.receive()
+        if go is None:
+            return
+        tuner.follow(go.device, go.start)
+        stop.searching = True
+        try:
+            tuner.search(backend, time.monotonic() - go.elapsed_s, request.device_index, request.slot,
+                         stop=stop.event)
+        finally:
+            stop.searching = False
+            parent.send("counts", tuner.counts)  # what it measured, also when it failed midway

@@ -22,7 +22,7 @@ from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, stream_workspace
 from autogen.core.registry import register
-from autogen.core.signature import OpSignature, Output, Scalar, Tensor
+from autogen.core.signature import OpSignature, Output, Tensor
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 _F32 = np.dtype(np.float32)

@@ -18,8 +18,8 @@ import multiprocessing
 import os
 
 from autogen.gpu.compile import compile_cubin
-from autogen.gpu.worker import IsolatedEvaluator, child_environment, stop_with_parent
 from autogen.gpu.evaluator import WorkSpec
+from autogen.gpu.worker import child_environment, IsolatedEvaluator, stop_with_parent
 
 # Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
 _prestarted: dict = {"evaluator": None}

@@ -8,6 +8,9 @@ import sys
 from tuning_db.records import DeviceIdentity
 
 from autogen.errors import GpuUnavailableError
+from autogen.gpu import stack_record
+from autogen.gpu.compile import nvrtc_version
+from autogen.paths import installed_file
 
 
 def require_cupy():
@@ -33,8 +36,6 @@ def require_gpu() -> None:
     installed (found, not imported) and the driver reports a device. Otherwise, or in any doubt,
     require_cupy() decides and names the problem in one line. `autogen tune` answered from the
     database then needs no CuPy at all (see identity_for_lookup); a search's GPU worker imports it."""
-    from autogen.paths import installed_file
-
     if installed_file("cupy") is not None:
         try:
             if driver_device_count() > 0:
@@ -57,7 +58,6 @@ def _no_gpu_message(exc: BaseException) -> str:
 @functools.lru_cache(maxsize=None)
 def device_identity(device_id: int | None = None) -> DeviceIdentity:
     cupy = require_cupy()
-    from autogen.gpu.compile import nvrtc_version
 
     runtime = cupy.cuda.runtime
     device_id = runtime.getDevice() if device_id is None else device_id
@@ -79,8 +79,6 @@ def identity_for_lookup() -> DeviceIdentity:
     driver (through ctypes) and autogen.gpu.stack_record where that record holds, so CuPy is not
     imported; from CuPy otherwise, which then records the stack for the next command. Where CuPy
     is already imported, its current device is the one meant, so CuPy answers."""
-    from autogen.gpu import stack_record
-
     recalled = None if "cupy" in sys.modules else stack_record.recall()
     if recalled is None:
         identity = device_identity()

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autogen.gpu import roofline
 from autogen.core.registry import get_family
+from autogen.gpu import roofline
 from autogen.gpu.device import device_identity, free_device_memory, require_cupy
 from autogen.gpu.measure import (
+    build_timer,
     EARLY_FACTOR,
     REPLAYS,
-    build_timer,
     sample_until,
     time_enqueue,
     time_into,

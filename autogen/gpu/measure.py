@@ -17,7 +17,6 @@ from typing import Callable
 
 import numpy as np
 
-from autogen.core.compare import judge
 
 MAX_SETS = 256  # rotating input sets; enough to exceed 4x L2 even for tiny shapes
 # Results are written to this many buffers in turn, not one per input set: in a model a result is
@@ -66,6 +65,25 @@ class Check:
     ok: bool
     error: float  # worst relative L2 error over the cases (nan when not finite)
     reason: str = ""
+
+
+def judge(family, problem, inputs: dict, expected, magnitude, xp) -> tuple[float, str]:
+    """(error, why the outputs fail or ""): the family's comparison, then the rule. An error up
+    to the family's tolerance passes; past it, the error may exceed it by what the outputs' own
+    types cost the float64 reference (Family.representable_error: nothing for fp32 outputs, the
+    error of the reference rounded to float16/bfloat16 for half ones). Computed only past the
+    tolerance, so outputs that pass it cost nothing more. NaN never passes."""
+    error, reason = family.compare(problem, inputs, expected, magnitude, xp)
+    if reason:
+        return error, reason
+    tolerance = family.tolerance_for(problem)
+    if error <= tolerance:
+        return error, ""
+    floor = family.representable_error(problem, inputs, expected, magnitude, xp) if math.isfinite(error) else 0.0
+    if error <= tolerance + floor:
+        return error, ""
+    allowed = f"{tolerance:g} + {floor:.3g} (the reference rounded to the output type)" if floor else f"{tolerance:g}"
+    return error, f"relative L2 error {error:.3g} > {allowed}"
 
 
 def checks_on_host(family, problem) -> bool:

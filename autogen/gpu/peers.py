@@ -14,8 +14,8 @@ import functools
 from typing import Callable
 
 from autogen.core.dtypes import DTYPES
-from autogen.errors import GpuUnavailableError
 from autogen.core.family import Peer
+from autogen.errors import GpuUnavailableError
 
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_DEFAULT_MATH = 0

@@ -19,8 +19,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autogen.gpu.compile import BASE_OPTIONS
 from autogen.errors import CompileError, ToolMissingError
+from autogen.gpu.compile import BASE_OPTIONS
 
 
 @dataclass(frozen=True)

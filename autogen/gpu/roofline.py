@@ -13,6 +13,8 @@ import json
 
 import numpy as np
 
+from autogen.gpu.compile import compile_cubin
+from autogen.gpu.measure import time_enqueue
 from autogen.paths import cache_root, write_atomically
 
 COPY_KERNEL = r"""
@@ -78,9 +80,6 @@ def _cached_measure(key: str, measure) -> float:
 def copy_bandwidth_gbs(cupy, device, free_bytes: int, nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth in GB/s (bytes read plus written)."""
     def measure() -> float:
-        from autogen.gpu.compile import compile_cubin
-        from autogen.gpu.measure import time_enqueue
-
         count = min(nbytes, free_bytes // 4) // 16  # float4 elements
         src = cupy.ones(4 * count, dtype=cupy.float32)
         dst = cupy.empty_like(src)
@@ -98,9 +97,6 @@ def copy_bandwidth_gbs(cupy, device, free_bytes: int, nbytes: int = 1 << 30) -> 
 def fp32_peak_tflops(cupy, device) -> float:
     """FP32 FMA throughput in TFLOP/s, all SMs busy (8 blocks of 256 threads per SM)."""
     def measure() -> float:
-        from autogen.gpu.compile import compile_cubin
-        from autogen.gpu.measure import time_enqueue
-
         module = cupy.cuda.function.Module()
         module.load(compile_cubin(FMA_KERNEL, device.arch))
         kernel = module.get_function("autogen_fma_peak")

@@ -22,12 +22,12 @@ from autogen.gpu.evaluator import (
     Evaluate,
     Evaluator,
     MeasureCeilings,
+    one_line,
     Outcome,
     Retime,
     StagesSpent,
     TimePeer,
     WorkSpec,
-    one_line,
 )
 
 STARTUP_TIMEOUT_S = 180.0

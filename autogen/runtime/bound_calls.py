@@ -33,7 +33,7 @@ import weakref
 
 import numpy as np
 
-from autogen.gpu.launch import LaunchError, dims3, libcuda, parameter_block
+from autogen.gpu.launch import dims3, LaunchError, libcuda, parameter_block
 
 MAX_REMEMBERED = 256  # bound calls (and first sightings) kept per family and dispatcher
 # The arguments besides CuPy arrays that a remembered call may hold: immutable and small.

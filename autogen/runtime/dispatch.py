@@ -31,16 +31,21 @@ from tuning_db import DatabaseError, TuningDB, one_per_problem
 from tuning_db.records import DeviceIdentity, ValidationRecord, WinnerRecord
 from tuning_db.engine import display_url
 
-from autogen.runtime.bound_calls import MISSED, Remembered, cuda_launch_kernel_address, remember_call
-from autogen.runtime.streams import capturing, resolve_stream
-from autogen.errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
-from autogen.core.operands import call_stream
-from autogen.core.registry import check_family_renders, get_family
-from autogen.gpu.launch import ensure_context, launch_ex
-from autogen.notes import note_once
-from autogen.core.problem import Config, Problem, nearest, parse_shape_key, problem_of_record
-from autogen.core.render import render, source_hash
+from autogen.catalog.environment import stale_reasons
+from autogen.catalog.pretuned import pretuned_db
 from autogen.catalog.stored import unusable_reason
+from autogen.core.operands import call_stream
+from autogen.core.problem import Config, nearest, parse_shape_key, Problem, problem_of_record
+from autogen.core.registry import check_family_renders, get_family
+from autogen.core.render import PDL_SUFFIX, render, source_hash
+from autogen.errors import ArgumentError, CaptureError, InvalidConfigError, NotTunedError, UsageError
+from autogen.gpu.compile import compile_cubin, compile_options
+from autogen.gpu.device import device_identity, require_cupy
+from autogen.gpu.launch import ensure_context, launch_ex
+from autogen.gpu.measure import validate
+from autogen.notes import note_once
+from autogen.runtime.bound_calls import cuda_launch_kernel_address, MISSED, remember_call, Remembered
+from autogen.runtime.streams import capturing, resolve_stream
 
 try:  # the hit path in C (autogen/_hitpath.c), built by `pip install`; absent in a bare checkout
     from autogen.runtime._hitpath import HitPath
@@ -121,7 +126,6 @@ class Dispatcher:
 
     def databases(self) -> list[TuningDB]:
         if self._dbs is None:
-            from autogen.catalog.pretuned import pretuned_db
             shipped = pretuned_db()
             # Read-only: looking kernels up never creates, migrates or switches the user's database.
             self._dbs = [TuningDB(self.db_url, readonly=True)] + ([shipped] if shipped is not None else [])
@@ -146,9 +150,6 @@ class Dispatcher:
 
     # --- the chain ------------------------------------------------------------------------
     def _build(self, problem: Problem, strict: bool, pdl: bool = False) -> TunedKernel:
-        from autogen.catalog.environment import stale_reasons
-        from autogen.gpu.device import device_identity
-
         family = get_family(problem.family)
         check_family_renders(family)
         device = device_identity()
@@ -198,8 +199,6 @@ class Dispatcher:
 
     def _compile(self, family, problem, config: Config, served_by, winner: WinnerRecord | None,
                  device: DeviceIdentity, pdl: bool = False) -> TunedKernel:
-        from autogen.gpu.compile import compile_cubin, compile_options
-        from autogen.core.render import PDL_SUFFIX
 
         cupy = _cupy()
         plain = render(family, problem.dtype, config, traits=problem.traits)
@@ -221,7 +220,6 @@ class Dispatcher:
         return TunedKernel(problem, name, config.as_dict(), served_by, provenance, steps, module, pdl=pdl)
 
     def _check(self, family, problem: Problem, kernel: TunedKernel):
-        from autogen.gpu.measure import validate
         import secrets
 
         cupy = _cupy()
@@ -306,7 +304,6 @@ def _cupy():
     # Checked once per process: the hot path must not ask the driver for its device count.
     global _CUPY
     if _CUPY is None:
-        from autogen.gpu.device import require_cupy
         _CUPY = require_cupy()
     return _CUPY
 

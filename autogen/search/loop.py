@@ -22,19 +22,19 @@ from optuna.distributions import CategoricalDistribution
 from tuning_db import TuningDB
 from tuning_db.records import TrialRecord
 
-from autogen.search import studies
-from autogen.gpu.compile import compile_options
-from autogen.errors import CompileError, UsageError
-from autogen.search.winner import trial_from_outcome
-from autogen.gpu.measure import time_into
+from autogen.catalog.stored import unusable_reason
 from autogen.core.problem import Config, Problem
-from autogen.search.progress import TrialDone
 from autogen.core.render import render, source_hash
 from autogen.core.space import Space
-from autogen.catalog.stored import unusable_reason
-from autogen.search.claims import Heartbeat, Lease, TakeOver, body_hash, new_owner
+from autogen.errors import CompileError, UsageError
+from autogen.gpu.compile import compile_options
+from autogen.gpu.measure import time_into
+from autogen.search import studies
+from autogen.search.claims import body_hash, Heartbeat, Lease, new_owner, TakeOver
 from autogen.search.optuna_internals import FixedSpaceTPESampler
+from autogen.search.progress import TrialDone
 from autogen.search.studies import PENALTY_US
+from autogen.search.winner import trial_from_outcome
 
 SAMPLERS = ("tpe", "random", "exhaustive")
 

@@ -18,18 +18,18 @@ from tuning_db import TuningDB
 from tuning_db.records import TrialRecord
 
 from autogen._version import __version__
-from autogen.gpu.compile import compile_options
+from autogen.catalog.stored import usable_trials
+from autogen.core.render import render, source_hash
 from autogen.errors import InvalidConfigError
+from autogen.gpu.compile import compile_options
 from autogen.search.winner import (
-    Finish,
     _stored_winner,
+    Finish,
     measure_ceilings,
     pick_winner,
     retime,
     trial_from_outcome,
 )
-from autogen.core.render import render, source_hash
-from autogen.catalog.stored import usable_trials
 
 
 def refresh(family, problem, options, db: TuningDB, device, backend,

@@ -13,14 +13,18 @@ from typing import Callable
 from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity, TrialRecord, WinnerRecord
 
-from autogen.gpu.backend import GpuBackend
-from autogen.errors import UsageError
-from autogen.core.registry import check_family_renders, get_family
-from autogen.search.lease import check_lease
+from autogen.catalog.environment import stale_reasons, winner_source_hash
+from autogen.catalog.stored import skipped_note, unusable_reason
 from autogen.core.problem import Problem
-from autogen.report import terminal_text
+from autogen.core.registry import check_family_renders, get_family
+from autogen.errors import UsageError
+from autogen.gpu import roofline
+from autogen.gpu.backend import GpuBackend
+from autogen.gpu.device import identity_for_lookup
 from autogen.gpu.evaluator import WorkSpec
 from autogen.gpu.worker import default_workers
+from autogen.report import terminal_text
+from autogen.search.lease import check_lease
 
 # Optuna (autogen.search.loop, autogen.search.warmstart) is imported only when there is something to search:
 # a run answered from the database does without it.
@@ -128,7 +132,6 @@ class Tuner:
 
     def begin(self, backend, started: float) -> TuneResult:
         """After the first backend is up: check the problem fits, and find where to start."""
-        from autogen.catalog.stored import skipped_note
         from autogen.search.warmstart import starting_point
 
         problem, family, options = self.problem, self.family, self.options
@@ -238,12 +241,10 @@ class Tuner:
         problem, family, options = self.problem, self.family, self.options
         identify = getattr(self.backend_factory, "identity", None)
         if identify is None and self.backend_factory is GpuBackend:
-            from autogen.gpu.device import identity_for_lookup as identify  # the driver and a record: no CuPy where it holds
+            identify = identity_for_lookup  # the driver and a record: no CuPy where it holds
         if identify is None or options.sampler == "exhaustive":
             return None
         device = identify()
-        from autogen.catalog.environment import stale_reasons, winner_source_hash
-        from autogen.catalog.stored import unusable_reason
 
         trials = self.db.trials(device, problem.family, problem.dtype, problem.shape_key, options.cache_mode)
         launched = sum(1 for t in trials if t.status != "rejected")
@@ -265,7 +266,6 @@ class Tuner:
             return None
         if options.refresh:
             self.progress("nothing stale: the stored winner was measured in this environment")
-        from autogen.gpu import roofline
         copy_gbs, fp32_tflops = roofline.cached_ceilings(device)
         result = TuneResult(problem, device, winner, family.bytes_moved(problem, family.timing_case(problem)),
                             family.flops(problem), reused=len(trials), copy_gbs=copy_gbs, fp32_tflops=fp32_tflops,

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from tuning_db import TuningDB
 from tuning_db.records import DeviceIdentity, TrialRecord
 
+from autogen.catalog.pretuned import pretuned_db, untuned_shipped
+from autogen.catalog.stored import usable_trials
 from autogen.core.dtypes import DTYPES
 from autogen.core.family import Family
-from autogen.core.problem import Problem, nearest, problem_of_record
+from autogen.core.problem import nearest, Problem, problem_of_record
 from autogen.search.studies import PENALTY_US
-from autogen.catalog.stored import usable_trials
 
 NEAREST_SEEDS = 3  # winners of the nearest tuned shapes tried before the sampler's own picks
 
@@ -74,8 +75,6 @@ def _shipped_winners(problem: Problem, device: DeviceIdentity, tuned: list) -> l
     the database are resumed, but the catalog's winner for it is the best prior a new user has
     (without it a search from an empty database ended behind the exhaustive best:
     docs/history/sessions.md, fifth session). None where autogen ships no catalog or $AUTOGEN_NO_PRETUNED is set."""
-    from autogen.catalog.pretuned import pretuned_db, untuned_shipped
-
     return untuned_shipped(pretuned_db(), tuned, family=problem.family, gpu_name=device.name,
                            compute_capability=device.compute_capability, dtype=problem.dtype)
 

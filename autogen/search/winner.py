@@ -11,8 +11,8 @@ from tuning_db import TuningDB
 from tuning_db.records import TrialRecord, WinnerRecord
 
 from autogen._version import __version__
-from autogen.core.render import render
 from autogen.catalog.stored import unusable_reason, usable_trials
+from autogen.core.render import render
 
 # Two re-timed variants whose medians differ by less than this (or than half the best one's
 # spread) are a tie: the simpler name wins. The interleaved re-timing tells apart medians this

@@ -22,6 +22,7 @@ from tuning_db.records import DeviceIdentity
 
 from autogen.core.problem import Problem
 from autogen.gpu.evaluator import Ceilings, Outcome
+from autogen.gpu.measure import EARLY_FACTOR, sample_until
 
 RECORDING_FORMAT = 1
 
@@ -98,7 +99,6 @@ class ReplayEvaluator:
             return Outcome(kernel_name, "failed", "not in the recording")
         if entry["status"] != "ok":
             return Outcome(kernel_name, "failed", entry["reason"] or "failed when recorded")
-        from autogen.gpu.measure import EARLY_FACTOR, sample_until
         samples = iter(entry["samples_us"])
         kept = sample_until(lambda: next(samples), len(entry["samples_us"]),
                             EARLY_FACTOR * best_us if best_us else None)

@@ -25,9 +25,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from autogen.errors import UsageError
-from autogen.core.registry import get_family
 from autogen.core.problem import Problem
+from autogen.core.registry import get_family
+from autogen.errors import UsageError
 
 MAX_CONFIG_BYTES = 1 << 20
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from autogen.core.registry import all_families
-from autogen.core.compare import judge
+from autogen.gpu.measure import judge
 from autogen.core.render import render
 
 FAMILIES = all_families()

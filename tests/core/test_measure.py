@@ -243,7 +243,7 @@ def test_fp32_outputs_keep_the_tolerance_alone():
 def test_nan_never_passes_whatever_the_family_compare_says():
     from types import SimpleNamespace
 
-    from autogen.core.compare import judge
+    from autogen.gpu.measure import judge
 
     family = SimpleNamespace(compare=lambda *args: (math.nan, ""), tolerance_for=lambda problem: 1.0,
                              representable_error=lambda *args: math.inf)

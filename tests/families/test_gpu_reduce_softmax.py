@@ -228,7 +228,7 @@ def test_vocabulary_softmax_fp16_tunes_and_a_nearby_shape_is_served(db_url, monk
     # Issue 33: every variant of 32 x 128256 fp16 failed "relative L2 error 0.00212 > 0.001", the
     # float64 answer correctly rounded to fp16 (probabilities near 1/128256 are fp16 subnormals),
     # and the dispatcher had nothing to serve at 3 x 100003. Half outputs are now allowed the
-    # error of the rounded reference on top of the tolerance (autogen.core.compare.judge).
+    # error of the rounded reference on top of the tolerance (autogen.gpu.measure.judge).
     import cupy
     from tuning_db import TuningDB
 

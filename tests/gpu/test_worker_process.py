@@ -129,12 +129,12 @@ def test_a_worker_whose_parent_left_mid_request_ends_quietly(monkeypatch):
 
 def test_a_tune_without_a_gpu_stops_its_prestarted_worker(monkeypatch, capsys):
     from autogen.gpu import backend, device as gpu
-    from autogen.cli import commands
+    from autogen.cli import tuning
     from autogen.cli.main import main
     from autogen.errors import GpuUnavailableError
 
     stopped = []
-    monkeypatch.setattr(commands, "_prestart_gpu_work", lambda args, problem: backend._prestarted.update(
+    monkeypatch.setattr(tuning, "_prestart_gpu_work", lambda args, problem: backend._prestarted.update(
         evaluator=types.SimpleNamespace(discard=lambda: stopped.append(problem))))
 
     def no_gpu():

@@ -97,7 +97,7 @@ def test_a_trial_event_is_its_line_and_crosses_processes():
 
 
 def test_the_cli_shows_bars_only_without_json(monkeypatch):
-    from autogen.cli import commands
+    from autogen.cli import tuning
     seen = []
 
     def fake_tune_problems(problems, options, progress, on_result=None):
@@ -113,4 +113,4 @@ def test_the_cli_shows_bars_only_without_json(monkeypatch):
     assert main(["tune", "sgemv", "--m", "64", "--n", "16", "--json"]) == 130
     assert main(["tune", "sgemv", "--m", "64", "--n", "16"]) == 130
     assert seen == [False, True]
-    assert commands  # imported by main
+    assert tuning  # imported by main

@@ -18,12 +18,12 @@ def checked_seeds(family, problem, large: bool) -> list:
 
 
 def judged_with_output(family, problem, inputs: dict, output):
-    """autogen.core.compare.judge of `inputs` with the family's (one) output set to the float64 values
+    """autogen.gpu.measure.judge of `inputs` with the family's (one) output set to the float64 values
     `output`, stored as the output's type: (error, why it fails or "")."""
     import numpy as np
 
     from autogen.core.dtypes import to_storage
-    from autogen.core.compare import judge
+    from autogen.gpu.measure import judge
 
     expected = family.reference(problem, inputs, np)
     magnitude = family.reference_magnitude(problem, inputs, np)
