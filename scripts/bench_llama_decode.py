@@ -221,6 +221,8 @@ def run_batch(model_shape, batch, layers, replays, floor_s) -> dict:
     results, outputs, replayers = {}, {}, {}
     with torch.inference_mode():
         replay, out = graphed(model, tokens)
+        replay()  # a captured graph's output holds its values only once the graph has run
+        torch.cuda.synchronize()
         replayers["eager"], outputs["eager"] = replay, out.clone()
         replayers["torch.compile"], outputs["torch.compile"] = compiled_replayer(
             torch.compile(model, mode="reduce-overhead", fullgraph=True), tokens)

@@ -7,7 +7,7 @@ model's decode shapes tuned in one command.
     autogen.torch.unpatch(model)
 
 Importing this package imports no torch (the families state their call in autogen.core.signature); torch is
-imported by autogen.torch.ops and autogen.torch.patch, or on the first use of patch, unpatch or op
+imported by autogen.torch.ops and autogen.torch.linear, or on the first use of patch, unpatch or op
 here. The model configurations and the problems they need (autogen.torch.models) need no torch.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-_LAZY = {"patch": "patch", "unpatch": "patch", "patched_modules": "patch", "op": "ops", "register_family": "ops"}
+_LAZY = {"patch": "linear", "unpatch": "linear", "patched_modules": "linear", "op": "ops", "register_family": "ops"}
 
 
 def __getattr__(name: str):

@@ -85,8 +85,8 @@ def _define(family_name: str, name: str, signature) -> None:
 
     def functional(*args, **kwargs):
         values = bind_arguments(functional_names, defaults, args, kwargs)
-        for key in tensors:
-            values[key] = values[key].contiguous()  # the families take C-contiguous operands
+        for key in tensors:  # the families take C-contiguous operands; no autograd (weights are parameters)
+            values[key] = values[key].detach().contiguous()
         for output in signature.read_outputs:  # a fresh copy: the functional op writes no input
             if values[output.name] is not None:
                 values[output.name] = values[output.name].clone(memory_format=torch.contiguous_format)
@@ -95,6 +95,7 @@ def _define(family_name: str, name: str, signature) -> None:
 
     def into(*args, **kwargs):
         values = bind_arguments(out_names, defaults, args, kwargs)
+        values = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
         call()(values.pop(first), **values)
 
     def fake_functional(*args, **kwargs):

@@ -141,7 +141,7 @@ def fake_build(monkeypatch, dispatcher: Dispatcher) -> list:
     """_build without a GPU: compiling returns a stand-in kernel; every validation passes."""
     import autogen.gpu.device
 
-    monkeypatch.setattr(autogen.gpu.device, "device_identity", lambda: H100)
+    monkeypatch.setattr(autogen.runtime.dispatch, "device_identity", lambda: H100)
     compiled = []
 
     def compile_(family, problem, config, served_by, winner, device):

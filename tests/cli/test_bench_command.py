@@ -36,10 +36,11 @@ def replayed_gpu(monkeypatch):
     import autogen.gpu.compile
     import autogen.gpu.device
     import autogen.gpu.worker
+    import autogen.cli.commands
 
     monkeypatch.setattr(autogen.gpu.worker, "IsolatedEvaluator", ReplayIsolatedEvaluator)
     monkeypatch.setattr(autogen.gpu.device, "require_cupy", lambda: None)
-    monkeypatch.setattr(autogen.gpu.compile, "compile_cubin", lambda source, arch: source.encode())
+    monkeypatch.setattr(autogen.cli.commands, "compile_cubin", lambda source, arch: source.encode())
 
 
 def recorded_config():

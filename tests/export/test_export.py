@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from autogen.core.problem import shape_distance
+from autogen.cli import commands as commands_module
 from autogen.cli import options as options_module
 from autogen.export import writer as export_module
 from autogen.cli.main import main
@@ -557,6 +558,7 @@ def test_other_families_export_with_their_own_dims_and_dtypes(tmp_path, monkeypa
     monkeypatch.setattr(export_module, "render", render_scale)
     monkeypatch.setattr(export_module, "check_family_renders", lambda family: None)  # no template: render_scale
     monkeypatch.setattr(options_module, "check_family_renders", lambda family: None)
+    monkeypatch.setattr(commands_module, "check_family_renders", lambda family: None)
     url = f"sqlite:///{tmp_path / 'tuning.db'}"
     counts = {1000: 64, 4000: 128, 2**20: 256}
     with TuningDB(url) as db:

@@ -324,7 +324,8 @@ def test_tolerance_passes_the_rounded_reference_and_catches_real_bugs(dtype):
 def test_validation_allows_the_rounding_of_y_to_its_type_on_top(dtype):
     # The shared rule (autogen.gpu.measure.judge): past the tolerance, y may be off by what the
     # float64 reference loses when rounded to y's type, measured against hgemv's own magnitude.
-    from autogen.gpu.measure import judge, relative_error
+    from autogen.core.compare import relative_error
+    from autogen.gpu.measure import judge
 
     problem = FAMILY.problem(dtype, m=300, n=64, batch=2)
     inputs = FAMILY.make_inputs(problem, np, np.random.default_rng(4), FAMILY.validation_cases(problem)[0])

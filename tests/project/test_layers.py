@@ -35,6 +35,10 @@ ALLOWED = {
 }
 MAX_LEVELS = 8
 MAX_LINES = 450
+# Libraries whose import costs a fast path (the CLI's help and warm answer, the dispatcher's first
+# call) real time: a function-level import of an autogen module is there to keep one of these off
+# its importer's path, or it goes to the top of the file.
+HEAVY = {"cupy", "optuna", "jinja2", "sqlalchemy", "alembic", "tuning_db", "torch", "numpy", "tqdm"}
 
 
 def module_name(path: Path) -> str:
@@ -68,6 +72,62 @@ def imported(module: str, top_level_only: bool) -> set[str]:
                 candidate = f"{node.module}.{alias.name}"
                 found.add(candidate if candidate in MODULES else node.module)
     return {name for name in found if name in MODULES and name != module}
+
+
+def external_top_level(module: str) -> set[str]:
+    """The top-level packages outside autogen that `module` imports at its top level."""
+    found = set()
+    for node in ast.parse(MODULES[module].read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module.split(".")[0])
+    return found - {"autogen"}
+
+
+@functools.lru_cache(maxsize=None)
+def heavy_on_import(module: str) -> frozenset[str]:
+    """The heavy libraries importing `module` brings (its top-level imports, transitively)."""
+    heavy = external_top_level(module) & HEAVY
+    for target in imported(module, top_level_only=True):
+        heavy |= heavy_on_import(target)
+    return frozenset(heavy)
+
+
+def lazy_imports(module: str):
+    """(line, target) for each autogen module imported inside a function of `module` (imports
+    under `if TYPE_CHECKING:` name types only and are not counted)."""
+    tree = ast.parse(MODULES[module].read_text())
+    type_only = {id(n) for block in tree.body if isinstance(block, ast.If)
+                 and getattr(block.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(block)}
+    top = {id(n) for n in tree.body}
+    for node in ast.walk(tree):
+        if id(node) in top or id(node) in type_only or not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                       for alias in node.names])
+        for name in sorted(set(names)):
+            if name in MODULES:
+                yield node.lineno, name
+
+
+def test_a_lazy_import_keeps_a_heavy_library_off_its_importers_path():
+    needless = [f"{module}:{line} imports {target} inside a function; it brings no heavy library "
+                f"{module} does not already import: move it to the top"
+                for module in MODULES for line, target in lazy_imports(module)
+                if not heavy_on_import(target) - heavy_on_import(module)
+                and module not in closure(target)]  # a cycle (the target imports this module) may stay
+    assert not needless, "\n".join(needless)
+
+
+@functools.lru_cache(maxsize=None)
+def closure(module: str) -> frozenset[str]:
+    """`module` and every autogen module its top-level imports bring, transitively."""
+    found = {module}
+    for target in imported(module, top_level_only=True):
+        found |= closure(target)
+    return frozenset(found)
 
 
 def test_every_part_imports_only_the_parts_below_it():

@@ -110,10 +110,10 @@ def test_a_stale_exact_winner_is_validated_before_it_is_served(db_url, monkeypat
 
     monkeypatch.setattr(dispatcher, "_compile", compile_)
     monkeypatch.setattr(dispatcher, "_validated", lambda *args: validations.append(args[5:]) or True)
-    monkeypatch.setattr(autogen.gpu.device, "device_identity", lambda: H100)
+    monkeypatch.setattr(autogen.runtime.dispatch, "device_identity", lambda: H100)
     fresh = dispatcher._build(SGEMV.problem(m=4096, n=16), False)
     assert fresh.served_by == "exact" and fresh.stale == () and validations == []
-    monkeypatch.setattr(autogen.gpu.device, "device_identity", lambda: newer)
+    monkeypatch.setattr(autogen.runtime.dispatch, "device_identity", lambda: newer)
     stale = dispatcher._build(SGEMV.problem(m=4096, n=16), False)
     assert stale.served_by == "exact" and stale.stale == ("driver 13.0 -> 13.1",)
     assert validations == [(True,)]  # validated here, whatever the database remembers

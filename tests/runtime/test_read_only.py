@@ -392,7 +392,7 @@ def test_validations_the_database_cannot_take_are_kept_in_memory(tmp_path, monke
         random=types.SimpleNamespace(default_rng=lambda seed: None))
     monkeypatch.setattr(dispatch, "_CUPY", fake_cupy)
     checks = []
-    monkeypatch.setattr(autogen.gpu.measure, "validate", lambda *args: checks.append(1) or types.SimpleNamespace(
+    monkeypatch.setattr(dispatch, "validate", lambda *args: checks.append(1) or types.SimpleNamespace(
         ok=True, error=1e-7, reason=""))
     dispatcher = Dispatcher(f"sqlite:///{db}")
     kernel = types.SimpleNamespace(name="k", provenance={"source_hash": "h"}, launch=lambda inputs: None)

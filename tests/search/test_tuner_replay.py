@@ -155,6 +155,7 @@ def test_shipped_winners_seed_a_new_users_search(db_url, monkeypatch):
     # A new user's empty database: the catalog's winner for this very shape (and then its
     # nearest shapes) is measured first; a shape the user has tuned hides the catalog's entry.
     from autogen.catalog import pretuned
+    from autogen.search import warmstart
     from autogen.search.warmstart import seeds
     device = ReplayBackend(RECORDING).device
     shipped_params = {**SGEMV.default_params, "threads_per_row": 4, "vector_width": 1, "unroll": 4}
@@ -167,7 +168,7 @@ def test_shipped_winners_seed_a_new_users_search(db_url, monkeypatch):
                             autogen_version="0", updated_at="")
 
     catalog = pretuned.ShippedCatalog([shipped(PROBLEM.shape_key, shipped_params), shipped("m=8192,n=32", near_params)])
-    monkeypatch.setattr(pretuned, "pretuned_db", lambda: catalog)
+    monkeypatch.setattr(warmstart, "pretuned_db", lambda: catalog)
     first = seeds(TuningDB(db_url), device, SGEMV, PROBLEM, warm_start=True)
     assert first[:2] == [shipped_params, near_params]
     assert seeds(TuningDB(db_url), device, SGEMV, PROBLEM, warm_start=False) == [SGEMV.default_params]

@@ -40,8 +40,13 @@ def test_opcheck(family):
     args, outputs, scalars = torch_example(family)
     name = op_name(family)
     getattr(torch.ops.autogen, name)(*args, **scalars)  # the first call compiles: outside opcheck's checks
-    torch.library.opcheck(getattr(torch.ops.autogen, name).default, tuple(args), scalars)
-    torch.library.opcheck(getattr(torch.ops.autogen, f"{name}_out").default, tuple(args), {**scalars, **outputs})
+    # copy_if's values past `count` are unspecified (the kernel writes the selected ones only), so
+    # its outputs may differ between eager and AOT tracing there: every check but that comparison.
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor") if family.name == "copy_if" else \
+        ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(getattr(torch.ops.autogen, name).default, tuple(args), scalars, test_utils=utils)
+    torch.library.opcheck(getattr(torch.ops.autogen, f"{name}_out").default, tuple(args), {**scalars, **outputs},
+                          test_utils=utils)
 
 
 def graph_breaks() -> int:

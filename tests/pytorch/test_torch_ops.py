@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from autogen.torch import ops  # noqa: E402
-from autogen.torch.patch import AutogenLinear, _autogen_linear, patch, patched_modules, unpatch  # noqa: E402
+from autogen.torch.linear import AutogenLinear, _autogen_linear, patch, patched_modules, unpatch  # noqa: E402
 
 
 def test_each_family_has_a_functional_and_an_out_op():
