@@ -186,7 +186,7 @@ def probe_variants(binary: Path, shapes: list[tuple[int, ...]]) -> list[str]:
 def test_export_writes_fixed_files_and_each_variant_once(exported):
     names = sorted(p.name for p in exported.iterdir())
     assert names == [export_module.MANIFEST, "CMakeLists.txt", "Makefile", "autogen_sgemv.cu", "autogen_sgemv.h",
-                     "autogen_sgemv_selftest.cu"]
+                     "autogen_sgemv_selftest.cu", "autogen_sgemv_selftest.data"]
     source = (exported / "autogen_sgemv.cu").read_text()
     family = get_family("sgemv")
     kernels = {family.kernel_name("float32", family.space.check(p)) for p, _, _ in SGEMV_WINNERS.values()}
