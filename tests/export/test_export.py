@@ -410,6 +410,8 @@ def test_stored_names_and_free_text_never_reach_the_code(tmp_path):
     assert [s["shape"] for s in result.summary()["entry_points"][0]["shapes"]] == ["m=64,n=64"]
     literal = r'"Evil GPU \134\012#include \042/etc/passwd\042\012*/ int x;"'
     for path in out.iterdir():
+        if path.suffix == ".data":  # numbers made by the Python family (test_selftest_data.py)
+            continue
         text = path.read_text()
         assert "abort" not in text, path.name
         assert "\\\n" not in text, path.name  # no line continuation out of a comment
