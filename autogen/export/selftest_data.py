@@ -4,7 +4,9 @@ compares (templates/export/selftest.cu.j2, `replay`). A family is stated once: i
 validation_cases, reference, reference_magnitude and representable_error are the ones autogen
 validates with. The shapes checked are the family's tail shapes (Family.export_tail_shapes) and
 each tuned shape with the same shape one larger in every dimension; those whose data would not
-fit MAX_CASE_BYTES per case (or MAX_DATA_BYTES in all) are left to the family's C++ hook.
+fit MAX_CASE_BYTES per case (or MAX_DATA_BYTES in all) are left to the family's C++ hook. A
+trait that is also a C parameter of the entry point (gelu's approximate) reaches every variant
+as an argument, so each shape is checked with every value of it, the entry's own first.
 
 The file (little-endian): MAGIC, u32 record count, then per record (one shape and case of one
 entry point): u32 entry index, u32 dims count, i32 dims, u16 name length and the case name,
@@ -18,6 +20,7 @@ CRC-32 (zlib's) against the values compiled into it before reading a byte of it.
 
 from __future__ import annotations
 
+import itertools
 import re
 import struct
 import zlib
@@ -108,8 +111,7 @@ def build(family: Family, entries) -> SelftestData:
         params = c_param_list(entry.c_params, family.name)
         found = checks[entry.symbol] = EntryChecks()
         for shape in check_shapes(family, entry):
-            problem = _problem(family, entry, shape)
-            made = _shape_records(family, problem, index, shape, params, MAX_DATA_BYTES - total)
+            made = _shape_data(family, entry, index, shape, params, MAX_DATA_BYTES - total)
             if made is None:
                 found.hook_shapes.append(shape)
                 continue
@@ -119,6 +121,38 @@ def build(family: Family, entries) -> SelftestData:
             total += sum(map(len, made))
     blob = MAGIC + struct.pack("<I", len(records)) + b"".join(records)
     return SelftestData(blob, checks, zlib.crc32(blob))
+
+
+def argument_traits(family: Family, params: tuple[CParam, ...]) -> list:
+    """The family's traits that the kernel takes as an argument (a C parameter of that name)."""
+    names = {param.name for param in params}
+    return [trait for trait in family.traits if trait.name in names]
+
+
+def _shape_problems(family: Family, entry, shape: tuple[int, ...], params: tuple[CParam, ...]) -> list[Problem]:
+    """The entry point's problem at `shape`, then the same with each other combination of the
+    values of its argument traits."""
+    own = dict(entry.traits)
+    traits = argument_traits(family, params)
+    combos = itertools.product(*(trait.choices for trait in traits))
+    problems = [_problem(family, entry, shape)]
+    for values in combos:
+        other = {**own, **dict(zip((trait.name for trait in traits), values))}
+        if other != own:
+            problems.append(family.problem(entry.dtype, **dict(zip(family.dims, shape)), **other))
+    return problems
+
+
+def _shape_data(family: Family, entry, index: int, shape: tuple[int, ...], params: tuple[CParam, ...],
+                budget: int) -> list[bytes] | None:
+    """The records of every problem of `shape` (_shape_problems), or None when one has none."""
+    made: list[bytes] = []
+    for problem in _shape_problems(family, entry, shape, params):
+        records = _shape_records(family, problem, index, shape, params, budget - sum(map(len, made)))
+        if records is None:
+            return None
+        made += records
+    return made
 
 
 def _estimated_bytes(family: Family, problem: Problem, case: dict) -> float:
@@ -160,7 +194,8 @@ def case_record(family: Family, problem: Problem, case: dict, seed: int, index: 
         magnitude = family.reference_magnitude(problem, inputs, np)
         floor = family.representable_error(problem, inputs, expected, magnitude, np) if comparison == "l2" else 0.0
     values = family.c_arguments(problem, inputs)
-    name = _case_name(case).encode()
+    traits = {trait.name: problem[trait.name] for trait in argument_traits(family, params)}
+    name = _case_name({**traits, **case}).encode()
     parts = [struct.pack("<II", index, len(shape)), struct.pack(f"<{len(shape)}i", *shape),
              struct.pack("<H", len(name)), name,
              struct.pack("<ddBI", family.tolerance_for(problem), floor, COMPARISONS[comparison], len(params))]

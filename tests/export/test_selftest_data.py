@@ -109,6 +109,30 @@ def test_data_is_what_the_python_family_computes(name):
         assert checks.data_shapes, "no tail shape is small enough to ship"
 
 
+def test_a_trait_the_kernel_takes_as_an_argument_is_checked_in_each_value():
+    # gelu's variants take the form as an argument (approximate): each entry point, whatever form
+    # it was tuned for, is checked in both, its own first, each against that form's reference.
+    family = get_family("gelu")
+    entries = [entry for entry in entries_of(family) if entry.dtype == "float32"]
+    records = read_blob(build(family, entries).blob)
+    names = [param.name for param in c_param_list(family.c_params, family.name)]
+    for index, entry in enumerate(entries):
+        own = dict(entry.traits)["approximate"]
+        shape = next(r["dims"] for r in records if r["entry"] == index)
+        of_shape = [r for r in records if r["entry"] == index and r["dims"] == shape]
+        assert of_shape[0]["name"].startswith(f"approximate={own} ")
+        assert {r["name"].split()[0] for r in of_shape} == {"approximate=tanh", "approximate=none"}
+        for number, record in enumerate(r for r in of_shape if not r["name"].startswith(f"approximate={own} ")):
+            form = record["name"].split()[0].split("=")[1]
+            (flag,) = struct.unpack_from("<i", record["args"][names.index("approximate")]["scalar"])
+            assert flag == int(form == "tanh")
+            problem = family.problem("float32", n=shape[0], approximate=form)
+            seed = zlib.crc32(f"{family.name}|{problem.dtype}|{problem.shape_key}|{number}".encode())
+            inputs = family.make_inputs(problem, np, np.random.default_rng(seed), family.validation_cases(problem)[number])
+            want = family.reference(problem, inputs, np)
+            assert np.array_equal(record["args"][names.index("y")]["ref"], want.ravel(), equal_nan=True)
+
+
 def test_tuned_shapes_too_large_are_left_to_the_hook():
     family = get_family("sgemv")
     tuned = SimpleNamespace(dims=(8192, 8192))
