@@ -278,6 +278,30 @@ class Family:
     def timing_case(self, problem: Problem) -> dict:
         return self.validation_cases(problem)[0]
 
+    # Shapes with tails (sizes not a multiple of any tile or vector width, single rows and
+    # columns) the export's self-test checks every variant on, in `dims` order, beside the tuned
+    # shapes: their inputs and references are made here (make_inputs, reference) at export time
+    # and shipped as data (autogen.export.selftest_data).
+    tail_shapes: tuple[tuple[int, ...], ...] = ()
+
+    def export_tail_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """tail_shapes, or by default every dimension 1, 3, 37, then 257."""
+        return self.tail_shapes or tuple((size,) * len(self.dims) for size in (1, 3, 37, 257))
+
+    def c_arguments(self, problem: Problem, inputs: dict) -> dict:
+        """The values of the exported entry point's C parameters (c_params_for) for one launch on
+        `inputs`, by name: an inputs entry, else a dimension. The export's self-test replays a
+        launch with them; a family with a C parameter that is neither adds it here."""
+        return {**dict(problem.sizes), **inputs}
+
+    def export_compare(self, problem: Problem) -> str | None:
+        """How the export's self-test compares replayed outputs with the reference, as compare()
+        does: "l2" (the relative L2 error of each output, judged as autogen.core.compare.judge),
+        "exact" (every finite reference value equal, NaN ones free), "exact_multiset" (the same,
+        as sorted multisets). None: compare() is the family's own and has no such form (then
+        its C++ hook alone checks it)."""
+        return "l2" if type(self).compare is Family.compare else None
+
     def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
         """Arrays (numpy or cupy, per xp) and scalars for one launch; every output poisoned
         (NaN, or a sentinel for integers) wherever the kernel must overwrite it."""

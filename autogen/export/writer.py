@@ -13,9 +13,7 @@ literal with every unusual byte escaped. File names are fixed here, never taken 
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -33,21 +31,17 @@ from autogen.core.family import Family
 from autogen.core.registry import check_family_renders, get_family
 from autogen.core.dtypes import DTYPES
 from autogen.core.problem import Config, Problem, nearest, parse_shape_key
-from autogen.paths import write_atomically
 from autogen.catalog.pretuned import pretuned_db
 from autogen.core.render import render, render_template
+from autogen.export.files import MANIFEST, write_files  # noqa: F401 (MANIFEST: the export's face)
+from autogen.export import selftest_data
+from autogen.export.selftest_data import c_param_list
+from autogen.export.text import c_string, comment_text, cuda_version
 from autogen.catalog.stored import skipped_winners_note, winner_unusable_reason
 
 ARCH_PATTERN = re.compile(r"sm_([1-9][0-9]?)([0-9])([af]?)")  # sm_80, sm_90a, sm_100, sm_120f
 CC_PATTERN = re.compile(r"([1-9][0-9]?)\.([0-9])")  # "9.0"
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Characters kept in comments; anything else becomes "_". No backslash (a trailing one would
-# continue a // or # comment onto the next line) and no "?" (trigraphs).
-COMMENT_SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _.,:;()[]+=/@%&*'<>!~^|{}#-")
-MAX_COMMENT_TEXT = 160
-# Lists what an export wrote into --out, with hashes: a later export may replace those files.
-MANIFEST = ".autogen-export.json"
-MAX_MANIFEST_BYTES = 1 << 20
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -135,6 +129,7 @@ class ExportModel:
                  "makefile": "Makefile"}
         if self.self_test:
             names["selftest"] = f"{self.base}_selftest.cu"
+            names["selftest_data"] = f"{self.base}_selftest.data"  # autogen.export.selftest_data
         return names
 
 
@@ -320,26 +315,6 @@ def _identifier(name: str, where: str) -> str:
     return name
 
 
-def comment_text(value: object) -> str:
-    """Free text made safe for a // or # comment line: one line, no backslash, bounded."""
-    text = "".join(c if c in COMMENT_SAFE else "_" for c in str(value))
-    return text[:MAX_COMMENT_TEXT]
-
-
-def c_string(value: object) -> str:
-    """A C string literal of `value`, every byte outside a safe set escaped in octal."""
-    safe = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _.,:;()[]+=/@%&*'<>!~^|{}#-")
-    body = "".join(chr(b) if chr(b) in safe else f"\\{b:03o}" for b in str(value).encode())
-    return f'"{body}"'
-
-
-def cuda_version(value: object) -> str:
-    """13000 -> "13.0 (13000)"; anything that is not an int, sanitized as it is."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return f"{value // 1000}.{value % 1000 // 10} ({value})"
-    return comment_text(value)
-
-
 # -- building the model ---------------------------------------------------------------------------
 
 
@@ -355,19 +330,13 @@ def entry_symbol(family: Family, dtype: str, traits: tuple[tuple[str, str], ...]
 
 def c_arg_names(c_params: str, family: Family) -> tuple[str, ...]:
     """The parameter names of a C parameter list; each dim must be one of them, as `int <dim>`."""
-    names, declared_ints = [], set()
-    for part in c_params.split(","):
-        match = re.fullmatch(r"\s*(.*?[\s*&])\s*([A-Za-z_]\w*)\s*", part)
-        if not match:
-            raise UsageError(f"{family.name}: cannot read the C parameter {part.strip()!r} of {c_params!r}")
-        names.append(match[2])
-        if match[1].split() == ["int"]:
-            declared_ints.add(match[2])
+    params = c_param_list(c_params, family.name)
+    declared_ints = {p.name for p in params if p.ctype == "int"}
     missing = [d for d in family.dims if d not in declared_ints]
     if missing:
         raise UsageError(f"{family.name}: c_params must declare every dimension as `int <dim>`; "
                          f"missing {', '.join(missing)}")
-    return tuple(names)
+    return tuple(p.name for p in params)
 
 
 def nearest_index(family: Family, shapes: Sequence[Problem], query: Problem) -> int:
@@ -422,10 +391,12 @@ def build_model(family: Family, winners: Sequence[WinnerRecord], arch: str | Non
 # -- rendering and writing ------------------------------------------------------------------------
 
 
-def render_files(model: ExportModel) -> dict[str, str]:
-    """File name -> text, for every file of the export."""
+def render_files(model: ExportModel) -> dict[str, str | bytes]:
+    """File name -> text (bytes for the self-test's data), for every file of the export."""
     names = model.file_names()
+    data = selftest_data.build(model.family, model.entries) if model.self_test else None
     variables = {
+        "data": data, "c_param_list": lambda entry: c_param_list(entry.c_params, model.family.name),
         "model": model, "family": model.family, "names": names, "autogen_version": __version__,
         "gpu_name": comment_text(model.gpu.name), "gpu_name_literal": c_string(model.gpu.name),
         "dims": model.family.dims, "selftest_hook": model.selftest_hook, "comment": comment_text,
@@ -434,88 +405,11 @@ def render_files(model: ExportModel) -> dict[str, str]:
     templates = {"source": "export/kernels.cu.j2", "header": "export/header.h.j2",
                  "cmake": "export/CMakeLists.txt.j2", "makefile": "export/Makefile.j2",
                  "selftest": "export/selftest.cu.j2"}
-    return {names[role]: render_template(templates[role], variables, model.family) for role in names}
-
-
-def write_files(files: dict[str, str], out: Path, force: bool = False) -> tuple[Path, ...]:
-    """Write every file into `out`, or nothing: all checks run before the first write. Each file
-    is replaced atomically (a rename never follows a symlink at the target). A folder holding
-    files autogen did not write is refused unless `force` (see _refuse_what_autogen_did_not_write);
-    what was written is listed, with hashes, in the folder's MANIFEST."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; give a folder")
-    root = out.resolve()  # "a/../b" is b: no folder "a" is made on the way
-    for name in files:
-        if Path(name).name != name or name == MANIFEST:
-            raise UsageError(f"refusing to write {name!r}: export file names are plain names")
-        target = root / name
-        if target.is_symlink() and not target.resolve().is_relative_to(root):
-            raise UsageError(f"refusing to write {out / name}: it is a symlink to {target.resolve()}, outside --out")
-        if target.is_dir() and not target.is_symlink():
-            raise UsageError(f"cannot write {out / name}: a folder is in the way")
-    written_before = _manifest(root)
-    if not force:
-        _refuse_what_autogen_did_not_write(root, out, files, written_before)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        paths = tuple(write_atomically(root / name, text) for name, text in files.items())
-        kept = {name: digest for name, digest in written_before.items()
-                if name not in files and _digest(root / name) == digest}  # an earlier export's, unchanged
-        listed = {**kept, **{name: _digest_text(text) for name, text in files.items()}}
-        write_atomically(root / MANIFEST, json.dumps({"format": 1, "files": dict(sorted(listed.items()))},
-                                                     indent=1) + "\n")
-        return paths
-    except OSError as exc:
-        raise UsageError(f"cannot write the export into {out}: {exc.strerror or exc}") from None
-
-
-def _refuse_what_autogen_did_not_write(root: Path, out: Path, files: dict[str, str],
-                                       written_before: dict[str, str]) -> None:
-    """UsageError unless every file the export would replace was written by an earlier export and
-    is unchanged since (by its hash in the MANIFEST). A non-empty folder with no MANIFEST is
-    another project's (`--out .` in a project root): refused whole. Beside an earlier export,
-    files it did not name (a build's outputs) are left as they are."""
-    if not root.is_dir():
-        return
-    present = sorted(p.name for p in root.iterdir() if p.name != MANIFEST)
-    if not written_before:
-        foreign = present
-    else:
-        foreign = [name for name in files if (root / name).is_symlink()
-                   or ((root / name).exists() and _digest(root / name) != written_before.get(name))]
-    if foreign:
-        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
-        what = "holds files autogen did not write" if not written_before else "holds files changed since autogen wrote them"
-        raise UsageError(f"--out {out} {what} ({shown}); export into a new or empty folder, or pass --force "
-                         "to replace autogen's file names there")
-
-
-def _manifest(root: Path) -> dict[str, str]:
-    """{file name: sha256} of what an earlier export wrote into `root`; {} when there is none
-    or it cannot be read (the folder is then treated as not autogen's)."""
-    path = root / MANIFEST
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_MANIFEST_BYTES:
-            return {}
-        listed = json.loads(path.read_bytes()).get("files")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    if not isinstance(listed, dict):
-        return {}
-    return {name: digest for name, digest in listed.items()
-            if isinstance(name, str) and Path(name).name == name and isinstance(digest, str)}
-
-
-def _digest(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() and not path.is_symlink() else None
-    except OSError:
-        return None
-
-
-def _digest_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    files = {names[role]: render_template(templates[role], variables, model.family)
+             for role in names if role != "selftest_data"}
+    if data is not None:
+        files[names["selftest_data"]] = data.blob
+    return files
 
 
 def export(request: ExportRequest, detect: Callable[[], DeviceIdentity | None] | None = None) -> ExportResult:

@@ -46,6 +46,8 @@ class BiasMaskScaleAdd(Family):
     api = "bias_mask_scale_add"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n", "bias_size")
+    # Shapes with tails for the export's self-test (Family.tail_shapes).
+    tail_shapes = ((1, 1), (3, 1), (6, 3), (8, 8), (12, 4), (1000, 8), (4104, 8), (49152, 4096), (1048578, 2))
     dtypes = ew.DTYPES
     # Four loads per element in flight (x, bias, addend, mask): fp32 at 16 elements per thread and
     # step spills on sm_90 (nvcc -Xptxas -v); 8 compiles clean on sm_80 and sm_90.

@@ -71,6 +71,8 @@ class Gelu(Family):
     api = "gelu"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n",)
+    # Shapes with tails for the export's self-test (Family.tail_shapes).
+    tail_shapes = ((1,), (3,), (7,), (8,), (9,), (1000,), (4097,), (1048579,))
     traits = (Trait("approximate", ("tanh", "none"),
                     "GELU form as torch.nn.functional.gelu: tanh (the tanh approximation) or none (exact, erf)",
                     _parse_approximate),)
@@ -161,6 +163,9 @@ class Gelu(Family):
         y = xp.full((n,), xp.nan, dtype=xp.float32)
         return {"x": ew.offset_view(xp, to_storage(xp, x, dtype), offset),
                 "y": ew.offset_view(xp, to_storage(xp, y, dtype), offset)}
+
+    def c_arguments(self, problem: Problem, inputs: dict) -> dict:
+        return {**super().c_arguments(problem, inputs), "approximate": int(problem["approximate"] == "tanh")}
 
     def reference(self, problem: Problem, inputs: dict, xp=np):
         return gelu_reference(xp, to_float64(xp, inputs["x"], problem.dtype), problem["approximate"])

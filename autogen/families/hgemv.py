@@ -222,6 +222,9 @@ class Hgemv(GemvFamily):
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     pdl_capable = True  # as sgemv's: A's first chunk loaded before griddepcontrol.wait, then x and y
     dims = ("m", "n", "batch")
+    # Shapes with tails for the export's self-test (Family.tail_shapes).
+    tail_shapes = ((1, 1, 1), (1, 3, 2), (3, 1, 8), (3, 3, 3), (1, 4099, 1), (3, 70, 5), (1000, 37, 4), (37, 1000, 8),
+                   (4099, 70, 1), (513, 257, 7), (130, 4104, 2), (5, 16, 6), (2, 64, 9))
     dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
     export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
     example_dims = {"m": 1000, "n": 1000, "batch": 4}  # the shape tests/runtime/test_gpu_capture.py calls

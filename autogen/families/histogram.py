@@ -77,6 +77,8 @@ class Histogram(Family):
     api = "histogram"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n", "bins")
+    # Shapes with tails for the export's self-test (Family.tail_shapes).
+    tail_shapes = ((1, 1), (3, 5), (1000, 256), (4097, 1), (70001, 4096), (1048579, 20000))
     traits = (DISTRIBUTION,)
     dtypes = ("int32",)
     space = SPACE
@@ -139,6 +141,9 @@ class Histogram(Family):
         x, bins = inputs["x"], problem["bins"]
         inside = x[(x >= 0) & (x < bins)]
         return xp.bincount(inside, minlength=bins).astype(xp.float64)
+
+    def export_compare(self, problem: Problem) -> str:
+        return "exact"  # as exact_counts
 
     def compare(self, problem: Problem, inputs: dict, expected, magnitude, xp=np) -> tuple[float, str]:
         return exact_counts(xp, inputs["counts"], expected)

@@ -69,6 +69,8 @@ class Reduce(Family):
     api = "reduce_sum"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n",)
+    # Shapes with tails for the export's self-test (Family.tail_shapes).
+    tail_shapes = ((1,), (3,), (1000,), (4097,), (1048579,))
     dtypes = ("float32", "float16")
     space = SPACE
     default_params = {"block_size": 256, "vector_width": 4, "unroll": 4, "elements_per_thread": 32,

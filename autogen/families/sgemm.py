@@ -240,6 +240,9 @@ class Sgemm(Family):
     api = "sgemm"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("m", "n", "k")
+    # Shapes with tails for the export's self-test (Family.tail_shapes).
+    tail_shapes = ((1, 1, 1), (3, 5, 7), (17, 33, 9), (1, 300, 17), (300, 1, 17), (100, 37, 129),
+                   (129, 65, 300), (257, 255, 33), (64, 64, 4100), (4, 4, 10000))
     dtypes = ("float32",)
     space = SPACE
     default_params = {"block_m": 128, "block_n": 128, "block_k": 8, "thread_m": 8, "thread_n": 8,

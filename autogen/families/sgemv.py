@@ -46,6 +46,9 @@ class Sgemv(GemvFamily):
     # cannot show what it gains.
     pdl_capable = True
     dims = ("m", "n")
+    # Shapes with tails for the export's self-test (Family.tail_shapes).
+    tail_shapes = ((1, 1), (1, 3), (3, 1), (3, 3), (1, 4099), (3, 70), (1000, 37), (37, 1000), (4099, 70), (16384, 16),
+                   (513, 257))
     dtypes = ("float32",)
     space = SPACE
     default_params = {"threads_per_row": 32, "vector_width": 4, "warps_per_block": 4,

@@ -72,6 +72,8 @@ class Softmax(Family):
     api = "softmax"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("rows", "cols")
+    # Shapes with tails for the export's self-test (Family.tail_shapes).
+    tail_shapes = ((1, 1), (3, 5), (7, 33), (1000, 37), (2, 4099))
     dtypes = ("float32", "float16")
     space = SPACE
     default_params = {"threads_per_row": 32, "vector_width": 4, "unroll": 8, "reduce": "shfl",

@@ -98,7 +98,8 @@ def test_every_entry_point_gets_the_family_hook(exports, family):
         symbol = f"autogen_{family}" + ("" if dtype == "float32" else "_f16")
         namespace = selftest.split(f"namespace {symbol}_test {{", 1)[1].split(f"}}  // namespace {symbol}_test", 1)[0]
         assert "class Workload {" in namespace
-        assert f"selftest::run({symbol}_test::entry(), rng, report);" in selftest
+        assert f"selftest::run<{symbol}_test::Workload>({symbol}_test::entry(), rng, report);" in selftest
+        assert f"selftest::replay({symbol}_test::entry()," in selftest  # the Python family's data first
         # The tolerance of the entry's own dtype (softmax: 1e-5 fp32, 1e-3 fp16).
         tolerance = fam.tolerance_for(fam.problem(dtype, **dict.fromkeys(fam.dims, 1)))
         assert f"static constexpr double kTolerance = {tolerance};" in namespace

@@ -118,7 +118,8 @@ def test_the_cli_lists_shows_and_exports_it(db_url, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == [".autogen-export.json", "CMakeLists.txt", "Makefile",
                                                      "autogen_mykernels_axpy.cu",
                                                      "autogen_mykernels_axpy.h",
-                                                     "autogen_mykernels_axpy_selftest.cu"]
+                                                     "autogen_mykernels_axpy_selftest.cu",
+                                                     "autogen_mykernels_axpy_selftest.data"]
     nvcc = nvcc_or_skip()
     for target in ("all", "selftest"):
         done = subprocess.run(["make", "-C", str(out), target, f"NVCC={nvcc}", "ARCH=sm_90"], capture_output=True,
