@@ -6,16 +6,8 @@ operands: helpers for a family's Python call); this module only names them.
 """
 
 from autogen.core.family import Family, Launch, MAX_DIM, Peer, Step, Trait
-from autogen.core.operands import (
-    call_stream_ptr,
-    device_array,
-    dtype_name,
-    kernel_scalar,
-    new_output,
-    random_uniform,
-    stream_capturing,
-    stream_workspace,
-)
+from autogen.core.operands import (call_stream_ptr, device_array, dtype_name, kernel_scalar, new_output,
+                                   random_uniform, stream_capturing, stream_workspace)
 from autogen.core.registry import all_families, family_for_api, get_family, register
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 

@@ -7,13 +7,7 @@ import statistics
 import sys
 
 from autogen.catalog.stored import unusable_reason, winner_unusable_reason
-from autogen.cli.options import (
-    check_export_out,
-    check_storing_db,
-    family_of,
-    missing_sqlite_file,
-    problems_from_args,
-)
+from autogen.cli.options import check_export_out, check_storing_db, family_of, missing_sqlite_file, problems_from_args
 from autogen.core.registry import check_family_renders, get_family, registered_family
 from autogen.errors import AutogenError, GpuUnavailableError, InvalidConfigError, NotTunedError
 from autogen.gpu.compile import compile_cubin

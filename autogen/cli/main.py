@@ -21,16 +21,8 @@ from pathlib import Path
 
 from autogen._version import __version__
 from autogen.cli.commands import cmd_bench, cmd_db, cmd_export, cmd_list, cmd_show
-from autogen.cli.options import (
-    check_db_url,
-    dim_flag,
-    int_list,
-    MAX_SHAPES_BYTES,
-    signed_int,
-    strict_float,
-    strict_int,
-    trait_text,
-)
+from autogen.cli.options import (check_db_url, dim_flag, int_list, MAX_SHAPES_BYTES, signed_int, strict_float,
+                                 strict_int, trait_text)
 from autogen.cli.tune_model import cmd_tune_model
 from autogen.cli.tuning import cmd_tune
 from autogen.core.registry import all_families, get_family

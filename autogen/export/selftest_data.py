@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autogen.core.family import MAX_DIM, Family
+from autogen.core.family import Family, MAX_DIM
 from autogen.core.problem import Problem
 from autogen.errors import UsageError
 

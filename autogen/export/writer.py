@@ -38,6 +38,7 @@ from autogen.export import selftest_data
 from autogen.export.selftest_data import c_param_list
 from autogen.export.text import c_string, comment_text, cuda_version
 from autogen.catalog.stored import skipped_winners_note, winner_unusable_reason
+from autogen.gpu.device import device_identity
 
 ARCH_PATTERN = re.compile(r"sm_([1-9][0-9]?)([0-9])([af]?)")  # sm_80, sm_90a, sm_100, sm_120f
 CC_PATTERN = re.compile(r"([1-9][0-9]?)\.([0-9])")  # "9.0"
@@ -179,7 +180,6 @@ class ExportResult:
 def local_device() -> DeviceIdentity | None:
     """This machine's GPU when CuPy sees one, else None."""
     try:
-        from autogen.gpu.device import device_identity
         return device_identity()
     except GpuUnavailableError:
         return None

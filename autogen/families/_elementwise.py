@@ -23,14 +23,9 @@ import numpy as np
 
 from autogen.core.operands import device_array
 from autogen.core.problem import Config, Problem
-from autogen.gpu.device import (
-    FALLBACK_SHARED_PER_SM,
-    FALLBACK_SHARED_RESERVED,
-    compute_capability,
-    resident_capacity,
-    shared_capacity,
-)
 from autogen.core.space import Param, Space
+from autogen.gpu.device import (compute_capability, FALLBACK_SHARED_PER_SM, FALLBACK_SHARED_RESERVED,
+                                resident_capacity, shared_capacity)
 
 # Relative L2 error allowed per dtype (against the float64 result of the inputs as stored).
 # float32: the kernels compute in fp32 (accurate erff, __expf with one division for the tanh

@@ -12,13 +12,14 @@ import functools
 import numpy as np
 
 from autogen.core.dtypes import DTYPES, to_float64, to_storage
-from autogen.errors import ArgumentError, UsageError
 from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import dtype_name, kernel_scalar, new_output
-from autogen.core.registry import register
 from autogen.core.problem import Config, Problem
-from autogen.families import _elementwise as ew
+from autogen.core.registry import register
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
+from autogen.errors import ArgumentError, UsageError
+from autogen.families import _elementwise as ew
+from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 X_RANGE = 2.0  # x and addend uniform in [-2, 2), bias in [-0.5, 0.5)
 BIAS_RANGE = 0.5
@@ -177,7 +178,6 @@ class BiasMaskScaleAdd(Family):
         capture: nothing is allocated inside CuPy's stream capture. scripts/bench_elementwise.py
         also times the literal expression (allocating its temporaries) and torch.compile of it in
         torch's own CUDA graphs."""
-        from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
             return None

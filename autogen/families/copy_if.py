@@ -27,15 +27,16 @@ import math
 
 import numpy as np
 
-from autogen.errors import ArgumentError, GpuUnavailableError, InvalidConfigError, UsageError
-from autogen.core.problem import Config, Problem
-from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step, Trait
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, stream_workspace
+from autogen.core.problem import Config, Problem
 from autogen.core.registry import register
-from autogen.gpu.device import sm_count
-from autogen.families._tiles import INIT_BLOCK, grid_blocks, init_launch, one_wave, tile, tile_overshoot_reason, tiles
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
+from autogen.core.space import Param, Space
+from autogen.errors import ArgumentError, GpuUnavailableError, InvalidConfigError, UsageError
+from autogen.families._tiles import grid_blocks, INIT_BLOCK, init_launch, one_wave, tile, tile_overshoot_reason, tiles
+from autogen.families.cub_peers import cub_library
+from autogen.gpu.device import require_cupy, sm_count
 
 ORDERED_MODES = ("lookback", "two_pass")
 UNORDERED_MODES = ("block", "warp", "thread")
@@ -139,14 +140,12 @@ class CopyIf(Family):
     api = "copy_if"
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     dims = ("n",)
-    # Shapes with tails for the export's self-test (Family.tail_shapes).
-    tail_shapes = ((1,), (2,), (3,), (33,), (1000,), (4097,), (65537,), (1048579,))
+    tail_shapes = ((1,), (2,), (3,), (33,), (1000,), (4097,), (65537,), (1048579,))  # the export's tails
     traits = (SELECTIVITY, ORDER)
     dtypes = ("int32", "float32")
     space = SPACE
-    # Ordered, so that the default serves both orders (default_config gives unordered problems
-    # the block-aggregated one-pass kernel). One block per 4096-element tile as CUB, 16-byte
-    # loads, staged coalesced stores.
+    # Ordered, so that the default serves both orders (default_config gives unordered problems the
+    # block-aggregated one-pass kernel). One block per 4096-element tile as CUB, 16-byte loads, staged stores.
     default_params = {"mode": "lookback", "block_size": 256, "vector_width": 4, "items_per_thread": 16,
                       "blocks_per_sm": 0, "scatter": "shared"}
     outputs = ("values", "count")
@@ -324,11 +323,9 @@ class CopyIf(Family):
         (scripts/cub_peers.cu, named by AUTOGEN_CUB_PEERS); None without it: CuPy has no
         capturable select, and torch.masked_select synchronises to size its output."""
         try:
-            from autogen.gpu.device import require_cupy
-            cupy = require_cupy()
+                cupy = require_cupy()
         except GpuUnavailableError:
             return None
-        from autogen.families.cub_peers import cub_library
         cub = cub_library()
         return cub.select_peer(cupy, problem.dtype, problem["n"]) if cub is not None else None
 

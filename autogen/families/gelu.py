@@ -17,14 +17,15 @@ import math
 import numpy as np
 
 from autogen.core.dtypes import DTYPES, to_float64, to_storage
-from autogen.errors import ArgumentError
 from autogen.core.family import Family, Launch, Peer, Step, Trait
 from autogen.core.operands import dtype_name, kernel_scalar, new_output
-from autogen.core.registry import register
 from autogen.core.problem import Config, Problem
-from autogen.core.space import Param
-from autogen.families import _elementwise as ew
+from autogen.core.registry import register
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
+from autogen.core.space import Param
+from autogen.errors import ArgumentError
+from autogen.families import _elementwise as ew
+from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 KAPPA = 0.044715
@@ -186,7 +187,6 @@ class Gelu(Family):
         warm-up outside capture picks the out= form that this torch accepts and checks it against
         torch.nn.functional.gelu. F.gelu itself allocates its result: scripts/bench_elementwise.py
         times it, and torch.compile, in torch's own CUDA graphs."""
-        from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
             return None

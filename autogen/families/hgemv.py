@@ -12,16 +12,17 @@ import math
 import numpy as np
 
 from autogen.core.dtypes import DTYPES, to_float64, to_storage
-from autogen.errors import ArgumentError
-from autogen.gpu.device import sm_count
-from autogen.core.problem import Config, Problem
-from autogen.core.space import Param, Space
 from autogen.core.family import Launch, Peer, Step
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, random_uniform
+from autogen.core.problem import Config, Problem
 from autogen.core.registry import register
-from autogen.families._gemv import (GemvFamily, gemv_arguments, gemv_shapes, overshoot_reason,
-                                    reduce_only_across_warps, row_fits_block)
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
+from autogen.core.space import Param, Space
+from autogen.errors import ArgumentError
+from autogen.families._gemv import (gemv_arguments, gemv_shapes, GemvFamily, overshoot_reason,
+                                    reduce_only_across_warps, row_fits_block)
+from autogen.gpu.device import sm_count
+from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 MAX_TILE = 8  # the largest batch_tile: LLM decode batches of 1 to 8 take one launch
 
@@ -222,9 +223,8 @@ class Hgemv(GemvFamily):
     reuse_bound_calls = True  # bind only checks and arranges (autogen.runtime.bound_calls)
     pdl_capable = True  # as sgemv's: A's first chunk loaded before griddepcontrol.wait, then x and y
     dims = ("m", "n", "batch")
-    # Shapes with tails for the export's self-test (Family.tail_shapes).
-    tail_shapes = ((1, 1, 1), (1, 3, 2), (3, 1, 8), (3, 3, 3), (1, 4099, 1), (3, 70, 5), (1000, 37, 4), (37, 1000, 8),
-                   (4099, 70, 1), (513, 257, 7), (130, 4104, 2), (5, 16, 6), (2, 64, 9))
+    tail_shapes = ((1, 1, 1), (1, 3, 2), (3, 1, 8), (3, 3, 3), (1, 4099, 1), (3, 70, 5), (1000, 37, 4),  # the export's
+                   (37, 1000, 8), (4099, 70, 1), (513, 257, 7), (130, 4104, 2), (5, 16, 6), (2, 64, 9))  # tails
     dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
     export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
     example_dims = {"m": 1000, "n": 1000, "batch": 4}  # the shape tests/runtime/test_gpu_capture.py calls
@@ -235,8 +235,7 @@ class Hgemv(GemvFamily):
                       "tail": "checked", "row_align": "scalar", "split_k": 1}
     op_signature = OpSignature((Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
                                (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
-    # __half or __nv_bfloat16 data as the kernel name's dtype tag says: one signature for both.
-    c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"
+    c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"  # f16/bf16
     tolerance = TOLERANCES["float16"]
     description = ("y = alpha * A x + beta * y, A row-major m x n in fp16 or bf16, x n x batch, "
                    "fp32 accumulation, y m x batch in A's dtype")
@@ -382,7 +381,6 @@ class Hgemv(GemvFamily):
     def peer(self, problem: Problem) -> Peer | None:
         """torch.mv (batch = 1) or x^T A^T as F.linear computes it (cuBLAS) on the same dtype,
         writing into the inputs' own y through out= (checked, and its kernels loaded, outside capture)."""
-        from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
             return None

@@ -19,14 +19,17 @@ import math
 
 import numpy as np
 
-from autogen.errors import ArgumentError, GpuUnavailableError
-from autogen.core.problem import Config, Problem
-from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step, Trait
 from autogen.core.operands import device_array, kernel_scalar, new_output
+from autogen.core.problem import Config, Problem
 from autogen.core.registry import register
-from autogen.families._tiles import grid_blocks, init_launch, one_wave, tile_overshoot_reason
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
+from autogen.core.space import Param, Space
+from autogen.errors import ArgumentError, GpuUnavailableError
+from autogen.families._tiles import grid_blocks, init_launch, one_wave, tile_overshoot_reason
+from autogen.families.cub_peers import cub_library
+from autogen.gpu.device import require_cupy
+from autogen.gpu.peers import ReplayArena
 
 SHARED_LIMIT_BYTES = 48 * 1024  # dynamic shared memory a launch gets without cudaFuncSetAttribute
 POISON = 0xDEADBEEF  # counts before the launch: the init step must overwrite every one
@@ -159,12 +162,10 @@ class Histogram(Family):
         (scripts/cub_peers.cu, named by AUTOGEN_CUB_PEERS) when present; else cupy.histogram with
         CuPy's CUB accelerator (HistogramRange over float bin edges, plus CuPy's own set-up
         kernels), under a ReplayArena so its allocations are safe inside stream capture."""
-        from autogen.gpu.device import require_cupy
         try:
             cupy = require_cupy()
         except GpuUnavailableError:
             return None
-        from autogen.families.cub_peers import cub_library
         cub = cub_library()
         if cub is not None:
             return cub.histogram_peer(cupy, problem["n"], problem["bins"])
@@ -246,7 +247,6 @@ def exact_counts(xp, counts, expected) -> tuple[float, str]:
 def cupy_histogram_peer(cupy, n: int, bins: int) -> Peer:
     """cupy.histogram(x, bins, range=(0, bins)) with the CUB accelerator, its int64 counts cast
     into the 32-bit output. range is given, so CuPy never reads x.min()/x.max() (a sync)."""
-    from autogen.gpu.peers import ReplayArena
     from cupy._core import _accelerator
 
     def with_cub(call):

@@ -16,18 +16,18 @@ import functools
 
 import numpy as np
 
-from autogen.errors import ArgumentError, GpuUnavailableError
-from autogen.core.problem import Config, Problem
-from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, stream_workspace
+from autogen.core.problem import Config, Problem
 from autogen.core.registry import register
 from autogen.core.signature import OpSignature, Output, Tensor
+from autogen.core.space import Param, Space
+from autogen.errors import ArgumentError, GpuUnavailableError
+from autogen.gpu.device import require_cupy, resident_capacity
+from autogen.gpu.peers import ReplayArena
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 _F32 = np.dtype(np.float32)
-from autogen.gpu.device import resident_capacity
-from autogen.gpu.peers import ReplayArena
 
 # The tails case puts half of the sum in the first and last HEAVY_EDGE elements (where misaligned
 # vector starts and partial tiles are handled), so one dropped or doubled element there moves the
@@ -201,8 +201,7 @@ class Reduce(Family):
         """cupy.sum (CUB's device reduction for fp32; CuPy's reduction kernel for fp16 in, fp32
         out), under a ReplayArena so that its allocations are safe inside stream capture."""
         try:
-            from autogen.gpu.device import require_cupy
-            cupy = require_cupy()
+                cupy = require_cupy()
         except GpuUnavailableError:
             return None
         accumulate = cupy.float32 if problem.dtype == "float16" else None

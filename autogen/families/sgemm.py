@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from autogen.errors import ArgumentError, UsageError
-from autogen.core.problem import Config, Problem
-from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import device_array, kernel_scalar, new_output, random_uniform
+from autogen.core.problem import Config, Problem
 from autogen.core.registry import register
-from autogen.gpu.device import sm_count
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
+from autogen.core.space import Param, Space
+from autogen.errors import ArgumentError, UsageError
+from autogen.gpu.device import sm_count
+from autogen.gpu.peers import cublas_handle
 
 # Blocks of the split-K init kernel (256 threads, grid-stride); the template has the same figure.
 INIT_THREADS = 256
@@ -67,10 +68,9 @@ def geometry(p) -> dict:
     a_loads = -(-bm * bk // a_vw // threads)
     b_loads = -(-bk * bn // vw // threads)
     prefetch = (a_loads * a_vw + b_loads * vw) if not p["pipeline"].startswith("async") else 0
-    # Accumulators, one k step's A and B fragments (twice: the next step's are loaded early),
-    # the staged global loads (1.5 registers per float: nvcc keeps copies while it transposes
-    # and converts them; blocks of 32-64 threads with deep tiles spill without this), an address
-    # or predicate per load, and the fixed overhead.
+    # Accumulators, one k step's A and B fragments (twice: the next step's are loaded early), the
+    # staged global loads (1.5 registers per float: nvcc keeps copies while it transposes and converts
+    # them; 32-64-thread blocks with deep tiles spill without this), an address or predicate per load, overhead.
     registers = tm * tn + 2 * (tm + tn) + prefetch * 3 // 2 + a_loads + b_loads + REGISTER_OVERHEAD
     min_blocks = p["min_blocks"]
     return {"warps_m": warps_m, "warps_n": warps_n, "threads": threads, "stages": stages,
@@ -253,9 +253,7 @@ class Sgemm(Family):
         (Tensor("A"), Tensor("B"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
         (Output("C", lambda A, B: (A.shape[0], B.shape[1]), "float32", read_when="beta"),))
     c_params = "const float* A, const float* B, float* C, int m, int n, int k, float alpha, float beta"
-    # The error is relative to alpha |A| |B| + beta |C| (reference_magnitude), the scale fp32
-    # rounding of k-term sums grows with; a correct kernel shows ~1e-7 at any k.
-    tolerance = 1e-5
+    tolerance = 1e-5  # of alpha |A| |B| + beta |C| (reference_magnitude): fp32 k-term sums' error grows with it
     roofline = "compute"
     description = "C = alpha * A B + beta * C, fp32, row-major A (m x k), B (k x n), C (m x n)"
 
@@ -407,7 +405,6 @@ class Sgemm(Family):
         return 2 * problem["m"] * problem["n"] * problem["k"]
 
     def peer(self, problem: Problem) -> Peer | None:
-        from autogen.gpu.peers import cublas_handle
         handle = cublas_handle()
         if handle is None:
             return None

@@ -7,15 +7,16 @@ import functools
 
 import numpy as np
 
-from autogen.errors import ArgumentError
-from autogen.core.problem import Config, Problem
-from autogen.core.space import Param, Space
 from autogen.core.family import Launch, Peer, Step
 from autogen.core.operands import device_array, kernel_scalar, new_output, random_uniform
+from autogen.core.problem import Config, Problem
 from autogen.core.registry import register
-from autogen.families._gemv import (GemvFamily, gemv_arguments, overshoot_reason, reduce_only_across_warps,
-                                    row_fits_block)
 from autogen.core.signature import OpSignature, Output, Scalar, Tensor
+from autogen.core.space import Param, Space
+from autogen.errors import ArgumentError
+from autogen.families._gemv import (gemv_arguments, GemvFamily, overshoot_reason, reduce_only_across_warps,
+                                    row_fits_block)
+from autogen.gpu.peers import cublas_handle
 
 _F32 = np.dtype(np.float32)
 
@@ -107,7 +108,6 @@ class Sgemv(GemvFamily):
         return result
 
     def peer(self, problem: Problem) -> Peer | None:
-        from autogen.gpu.peers import cublas_handle
         handle = cublas_handle()
         if handle is None:
             return None

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from autogen.errors import ArgumentError
-from autogen.core.problem import Config, Problem
-from autogen.core.space import Param, Space
 from autogen.core.family import Family, Launch, Peer, Step
 from autogen.core.operands import device_array, dtype_name, kernel_scalar, new_output, random_uniform
+from autogen.core.problem import Config, Problem
 from autogen.core.registry import register
 from autogen.core.signature import OpSignature, Output, Tensor
+from autogen.core.space import Param, Space
+from autogen.errors import ArgumentError
+from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 _STORAGE = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}
 
@@ -191,7 +192,6 @@ class Softmax(Family):
         torch._softmax(x, -1, False, out=y) where the first is refused). A warm-up outside capture initialises torch's CUDA state, picks
         the out= form and loads torch's kernel for this shape and dtype. Checked on torch 2.11:
         the replayed graph's output matches the float64 reference (tests/families/test_gpu_reduce_softmax.py)."""
-        from autogen.gpu.peers import torch_cuda, torch_stream_peer
         torch = torch_cuda()
         if torch is None:
             return None

@@ -14,16 +14,8 @@ import numpy as np
 from autogen.core.registry import get_family
 from autogen.gpu import roofline
 from autogen.gpu.device import device_identity, free_device_memory, require_cupy
-from autogen.gpu.measure import (
-    build_timer,
-    EARLY_FACTOR,
-    REPLAYS,
-    sample_until,
-    time_enqueue,
-    time_into,
-    timing_sets,
-    validate,
-)
+from autogen.gpu.measure import (build_timer, EARLY_FACTOR, REPLAYS, sample_until, time_enqueue, time_into,
+                                 timing_sets, validate)
 
 @dataclass(frozen=True)
 class WorkSpec:

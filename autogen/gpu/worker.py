@@ -17,18 +17,8 @@ import time
 
 
 from autogen.errors import GpuUnavailableError
-from autogen.gpu.evaluator import (
-    Ceilings,
-    Evaluate,
-    Evaluator,
-    MeasureCeilings,
-    one_line,
-    Outcome,
-    Retime,
-    StagesSpent,
-    TimePeer,
-    WorkSpec,
-)
+from autogen.gpu.evaluator import (Ceilings, Evaluate, Evaluator, MeasureCeilings, one_line, Outcome, Retime,
+                                   StagesSpent, TimePeer, WorkSpec)
 
 STARTUP_TIMEOUT_S = 180.0
 

@@ -22,14 +22,7 @@ from autogen.catalog.stored import usable_trials
 from autogen.core.render import render, source_hash
 from autogen.errors import InvalidConfigError
 from autogen.gpu.compile import compile_options
-from autogen.search.winner import (
-    _stored_winner,
-    Finish,
-    measure_ceilings,
-    pick_winner,
-    retime,
-    trial_from_outcome,
-)
+from autogen.search.winner import _stored_winner, Finish, measure_ceilings, pick_winner, retime, trial_from_outcome
 
 
 def refresh(family, problem, options, db: TuningDB, device, backend,

@@ -18,15 +18,8 @@ import torch
 
 from autogen.core.dtypes import DTYPES
 from autogen.core.registry import all_families, describe_family, get_family, on_register
-from autogen.core.signature import (
-    bind_arguments,
-    check_signature,
-    defaults_of,
-    functional_schema,
-    op_name,
-    out_schema,
-    Tensor,
-)
+from autogen.core.signature import (bind_arguments, check_signature, defaults_of, functional_schema, op_name,
+                                    out_schema, Tensor)
 from autogen.errors import FamilyError
 
 NAMESPACE = "autogen"
