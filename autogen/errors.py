@@ -47,3 +47,8 @@ class NotTunedError(AutogenError):
 class CaptureError(AutogenError):
     """Work that cannot run inside CUDA graph capture was asked for there (a first call that
     compiles, or an allocation CuPy's pool would make outside the graph): warm up, or pass out=."""
+
+
+def describe_family(family) -> str:
+    """How errors name a family: its name and the module that defines it."""
+    return f"family {getattr(family, 'name', '?')!r} ({type(family).__module__})"

@@ -17,7 +17,7 @@ from importlib import metadata
 from autogen.core.dtypes import DTYPES
 from autogen.core.signature import check_signature
 from autogen.core.space import Space
-from autogen.errors import AutogenError, FamilyError, InvalidConfigError, UsageError
+from autogen.errors import AutogenError, describe_family, FamilyError, InvalidConfigError, UsageError
 
 if TYPE_CHECKING:  # the registry holds families; it needs their class for annotations only
     from autogen.core.family import Family
@@ -76,11 +76,6 @@ RESERVED_DIM_NAMES = frozenset({
 # replace them.
 TEMPLATE_VARIABLES = frozenset({"kernel_name", "dtype", "elem_t", "dtype_bytes", "host_launcher", "c_params", "pdl"})
 KERNEL_NAME_PART = re.compile(r"[A-Za-z0-9_]+")
-
-
-def describe_family(family) -> str:
-    """How errors name a family: its name and the module that defines it."""
-    return f"family {getattr(family, 'name', '?')!r} ({type(family).__module__})"
 
 
 def _check_definition(family: Family) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 
 from autogen.core.problem import Config
-from autogen.errors import FamilyError
+from autogen.errors import FamilyError, describe_family
 from autogen.paths import kernel_cache_dir, templates_dir
 
 PDL_SUFFIX = "_pdl"  # the kernel name of a variant rendered with pdl=True
@@ -88,7 +88,6 @@ def _where_in_template(exc: Exception, template_name: str) -> str:
 
 
 def _family_error(family, message: str):
-    from autogen.core.registry import describe_family
     return FamilyError(f"{describe_family(family)}: {message}")
 
 

@@ -17,10 +17,10 @@ import threading
 import torch
 
 from autogen.core.dtypes import DTYPES
-from autogen.core.registry import all_families, describe_family, get_family, on_register
+from autogen.core.registry import all_families, get_family, on_register
 from autogen.core.signature import (bind_arguments, check_signature, defaults_of, functional_schema, op_name,
                                     out_schema, Tensor)
-from autogen.errors import FamilyError
+from autogen.errors import describe_family, FamilyError
 
 NAMESPACE = "autogen"
 _library = torch.library.Library(NAMESPACE, "FRAGMENT")
