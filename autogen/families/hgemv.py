@@ -379,8 +379,8 @@ class Hgemv(GemvFamily):
         return 2 * problem["m"] * problem["n"]
 
     def peer(self, problem: Problem) -> Peer | None:
-        """torch.mv (batch = 1) or x^T A^T as F.linear computes it (cuBLAS) on the same dtype,
-        writing into the inputs' own y through out= (checked, and its kernels loaded, outside capture)."""
+        """torch.mv (batch = 1) or torch.matmul (cuBLAS) on the same dtype, writing into the
+        inputs' own y through out= (checked, and its kernels loaded, outside capture)."""
         torch = torch_cuda()
         if torch is None:
             return None
@@ -433,8 +433,8 @@ def _torch_product_out(torch, problem: Problem):
     dtype = getattr(torch, DTYPES[problem.dtype].torch_name)
     if problem["batch"] == 1:
         name, call = "torch.mv", (lambda A, x, y: torch.mv(A, x, out=y))
-    else:  # as F.linear computes it for a model's (batch, n) tokens: cuBLAS's faster form of the product
-        name, call = "F.linear form", (lambda A, x, y: torch.matmul(x.t(), A.t(), out=y.view(y.shape[1], -1)))
+    else:
+        name, call = "torch.matmul", (lambda A, x, y: torch.matmul(A, x, out=y))
     A, x = (torch.rand(shape, dtype=dtype, device="cuda") - 0.5 for shape in (a_shape, x_shape))
     y = torch.full(y_shape, float("nan"), dtype=dtype, device="cuda")
     try:
@@ -442,9 +442,9 @@ def _torch_product_out(torch, problem: Problem):
         torch.cuda.synchronize()
     except (TypeError, RuntimeError) as exc:
         raise RuntimeError(f"torch offers no {name} with out= for {problem}: {exc}") from None
-    got, rows = (y if problem["batch"] == 1 else y.view(y.shape[1], -1).t()), min(problem["m"], 256)
+    rows = min(problem["m"], 256)
     want, scale = A[:rows].double() @ x.double(), A[:rows].double().abs() @ x.double().abs()
-    error = float((got[:rows].double() - want).norm() / scale.norm())  # (the F.linear form writes y^T)
+    error = float((y[:rows].double() - want).norm() / scale.norm())
     if not error <= TOLERANCES[problem.dtype]:
         raise RuntimeError(f"{name}(out=) gave a relative error {error:.3g} on {problem}")
     return name, call
