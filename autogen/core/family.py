@@ -294,9 +294,10 @@ class Family:
         launch with them; a family with a C parameter that is neither adds it here."""
         return {**dict(problem.sizes), **inputs}
 
-    def export_compare(self, problem: Problem) -> str | None:
+    def export_compare(self, problem: Problem, configs: tuple = ()) -> str | None:
         """How the export's self-test compares replayed outputs with the reference, as compare()
-        does: "l2" (the relative L2 error of each output, judged as autogen.core.compare.judge),
+        does, for an entry point serving `configs`: "l2" (the relative L2 error of each output,
+        judged as autogen.gpu.measure.judge),
         "exact" (every finite reference value equal, NaN ones free), "exact_multiset" (the same,
         as sorted multisets). None: compare() is the family's own and has no such form (then
         its C++ hook alone checks it)."""

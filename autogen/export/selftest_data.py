@@ -148,7 +148,8 @@ def _shape_data(family: Family, entry, index: int, shape: tuple[int, ...], param
     """The records of every problem of `shape` (_shape_problems), or None when one has none."""
     made: list[bytes] = []
     for problem in _shape_problems(family, entry, shape, params):
-        records = _shape_records(family, problem, index, shape, params, budget - sum(map(len, made)))
+        records = _shape_records(family, problem, index, shape, params, budget - sum(map(len, made)),
+                                 _entry_configs(entry))
         if records is None:
             return None
         made += records
@@ -163,11 +164,18 @@ def _estimated_bytes(family: Family, problem: Problem, case: dict) -> float:
     return 2 * moved  # the buffers, and the references of the outputs among them
 
 
+def _entry_configs(entry) -> tuple:
+    """The configs an entry point may serve: its tuned shapes', or its default variant's."""
+    configs = tuple(c for c in (getattr(tuned, "config", None) for tuned in entry.shapes) if c is not None)
+    default = getattr(getattr(entry, "default", None), "config", None)
+    return configs or ((default,) if default is not None else ())
+
+
 def _shape_records(family: Family, problem: Problem, index: int, shape: tuple[int, ...],
-                   params: tuple[CParam, ...], budget: int) -> list[bytes] | None:
+                   params: tuple[CParam, ...], budget: int, configs: tuple = ()) -> list[bytes] | None:
     """The records of every validation case of `problem`, or None when one would be over
     MAX_CASE_BYTES, all of them over `budget`, or the family's comparison has no replay."""
-    comparison = family.export_compare(problem)
+    comparison = family.export_compare(problem, configs)
     cases = family.validation_cases(problem)
     if comparison not in COMPARISONS or any(_estimated_bytes(family, problem, c) > MAX_CASE_BYTES for c in cases):
         return None

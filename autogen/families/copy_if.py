@@ -306,9 +306,10 @@ class CopyIf(Family):
         values[:chosen.size] = chosen
         return {"values": values, "count": xp.full((1,), float(chosen.size), dtype=xp.float64)}
 
-    def export_compare(self, problem: Problem) -> str:
-        # As exact_selection: the reference is NaN past the count (free there).
-        return "exact" if problem["order"] == "ordered" else "exact_multiset"
+    def export_compare(self, problem: Problem, configs: tuple = ()) -> str:
+        # As exact_selection (NaN past the count is free); in order only where every variant keeps it.
+        kept = problem["order"] == "ordered" and all(c["mode"] in ORDERED_MODES for c in configs)
+        return "exact" if kept else "exact_multiset"
 
     def compare(self, problem: Problem, inputs: dict, expected, magnitude, xp=np) -> tuple[float, str]:
         return exact_selection(xp, inputs["values"], inputs["count"], expected,

@@ -145,7 +145,7 @@ class Histogram(Family):
         inside = x[(x >= 0) & (x < bins)]
         return xp.bincount(inside, minlength=bins).astype(xp.float64)
 
-    def export_compare(self, problem: Problem) -> str:
+    def export_compare(self, problem: Problem, configs: tuple = ()) -> str:
         return "exact"  # as exact_counts
 
     def compare(self, problem: Problem, inputs: dict, expected, magnitude, xp=np) -> tuple[float, str]:
