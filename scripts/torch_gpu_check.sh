@@ -6,7 +6,7 @@
 # 2. autogen tune-model llama-3-8b (the database $AUTOGEN_DB, default /tmp/autogen-torch-check.db;
 #    resumed if run again): its table in OUT_DIR/tune_model.log, OUT_DIR/tune_model.json, OUT_DIR/tune_model_llama-3-8b.html
 # 3. scripts/bench_llama_decode.py at batch 1 and 4 on that database's winners:
-#    OUT_DIR/llama_decode.{json,html,log}
+#    OUT_DIR/llama_decode_<gpu>.{json,html} and llama_decode.log
 # STAGES (default "tests tune bench") picks steps. Each step has its own time limit (STEP_TIMEOUT,
 # default 540 s); a tune cut short keeps every completed trial and problem, and the same command
 # continues it, so under a 10-minute command limit run STAGES=tune until its table has every
