@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from autogen.report import terminal_text
+from autogen.report import render_table, terminal_text
 
 
 def model_rows(plan, documents: list[dict]) -> list[dict]:
@@ -55,10 +55,7 @@ def model_table(plan, rows: list[dict], steps: list[dict]) -> str:
     cells = [[row["problem"], ", ".join(row["roles"]), str(row["per_step"]),
               row["kernel"] or f"none ({row['no_winner'] or 'not tuned'})", _number(row["time_us"], 2),
               _number(row["torch_us"], 2), _times(row["speedup"]), _number(row["pct_of_floor"], 1)] for row in rows]
-    cells = [[terminal_text(c) for c in row] for row in cells]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(HEADER)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADER, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = [render_table([HEADER, *cells])]  # render_table makes each cell safe for a terminal
     model = plan.model
     lines.append("")
     lines.append(f"decode step of {terminal_text(model.name)} ({model.architecture}, {model.layers} layers, "
