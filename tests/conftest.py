@@ -43,7 +43,7 @@ def nvrtc_usable() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    gpu_items = [item for item in items if "gpu" in item.keywords]
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]  # not keywords: they hold tests/gpu/'s folder name
     if not gpu_items:
         return
     reason = gpu_unavailable_reason()
