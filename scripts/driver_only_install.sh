@@ -6,7 +6,9 @@
 # system CUDA toolkit hidden (its folders covered in a private mount namespace where `unshare`
 # works; CUDA_HOME/CUDA_PATH unset and no toolkit folder on PATH or LD_LIBRARY_PATH either way), it
 # reports where NVRTC and cuBLAS are loaded from and runs the main command twice (cold, then answered
-# from the database).
+# from the database), then three times more, each in a fresh HOME that holds nothing but is pointed
+# at that database (AUTOGEN_DB): every cache under ~/.cache/autogen is rebuilt, as for a new user of
+# a shared database.
 # Usage: scripts/driver_only_install.sh OUT_DIR [EXTRA, default cuda13]
 set -uo pipefail
 out=${1:?usage: scripts/driver_only_install.sh OUT_DIR [EXTRA]}
@@ -38,7 +40,7 @@ without_toolkit() {  # the command, with the system CUDA toolkit out of reach
   local keep_path keep_ld
   keep_path=$(tr ':' '\n' <<<"$PATH" | grep -v -i cuda | paste -sd:)
   keep_ld=$(tr ':' '\n' <<<"${LD_LIBRARY_PATH:-}" | grep -v -i cuda | paste -sd:)
-  local cmd=(env -u CUDA_HOME -u CUDA_PATH -u CUDA_ROOT -u PYTHONPATH HOME="$work/home" PATH="$keep_path"
+  local cmd=(env -u CUDA_HOME -u CUDA_PATH -u CUDA_ROOT -u PYTHONPATH HOME="${HOME_FOR_RUN:-$work/home}" PATH="$keep_path"
              LD_LIBRARY_PATH="$keep_ld" "$@")
   if unshare -m --propagation private true 2>/dev/null; then
     unshare -m --propagation private sh -c \
@@ -68,3 +70,13 @@ for run in cold warm; do
   tail -n 20 "$out/tune_$run.txt"
   [ $status -eq 0 ] || { tail -n 20 "$out/tune_$run.err"; exit 1; }
 done
+for run in 1 2 3; do
+  fresh_home=$(mktemp -d)
+  start=$(date +%s%N)
+  HOME_FOR_RUN=$fresh_home without_toolkit "$work/venv/bin/autogen" tune sgemv --m 16384 --n 16 \
+    --db "sqlite:///$work/home/.cache/autogen/tuning.db" > "$out/tune_fresh_home.txt" 2> "$out/tune_fresh_home.err"
+  status=$?
+  echo "fresh HOME $run: exit $status, $(( ($(date +%s%N) - start) / 1000000 )) ms of process wall" | tee -a "$out/driver_only_summary.txt"
+  [ $status -eq 0 ] || { tail -n 20 "$out/tune_fresh_home.err"; exit 1; }
+done
+grep -h "answered from the database" "$out/tune_fresh_home.err" | tail -n 1

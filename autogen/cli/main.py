@@ -28,7 +28,7 @@ from autogen.cli.tuning import cmd_tune
 from autogen.core.registry import all_families, get_family
 from autogen.errors import AutogenError, UsageError
 from autogen.gpu import stack_record
-from autogen.gpu.compile import nvrtc_version
+from autogen.paths import installed_file
 from autogen.report import terminal_text
 from autogen.search.lease import MAX_LEASE_S
 from autogen.torch.models import PRESETS
@@ -234,36 +234,30 @@ def _named_family(argv: list[str]):
 
 
 # Commands that ask the GPU's driver for the device (tune and bench, cold or answered from the
-# database): its initialisation (cuInit, a large share of a warm command), CuPy's import and
-# NVRTC's loading are started first, on a thread.
+# database): its initialisation (cuInit, a large share of a warm command) is started first, on a
+# thread, and where no stack record holds, the child process that makes one.
 GPU_COMMANDS = ("tune", "bench", "tune-model")
 
 
 def _start_gpu_preparation() -> None:
-    """cuInit, then `import cupy` and NVRTC's loading, on a daemon thread, while the main thread
-    imports the tuner and the database layers: ctypes releases the GIL while the driver
-    initialises, and an import or a library search releases it while it reads the disk (on a
-    machine just started CuPy's import is several times slower than once its files are cached;
-    docs/history/sessions.md, eighth session). The command's own checks come later and find them done. Where autogen.gpu.stack_record
-    holds, the main process needs no CuPy to name the GPU (its GPU worker imports its own), so
-    none is imported. Where there is no driver or no CuPy nothing happens here: the command says so."""
+    """cuInit on a daemon thread, while the main thread imports the tuner and the database layers
+    (ctypes releases the GIL while the driver initialises). Where autogen.gpu.stack_record holds,
+    the main process needs no CuPy to name the GPU (its GPU worker imports its own); where it does
+    not, a child process asks CuPy (autogen.gpu.stack_record.record_in_background), so that CuPy's
+    import and its search of the disk for NVRTC (several times slower on a machine just started:
+    docs/history/sessions.md, eighth and ninth sessions) run beside this process's imports
+    instead of taking turns with them for the GIL. Where there is no driver or no CuPy nothing
+    happens here: the command says so."""
     import ctypes
     import threading
 
-    def prepare() -> None:
-        try:
-            ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1").cuInit(0)
-            if stack_record.recall() is not None:
-                return
-            import cupy  # noqa: F401
-            # CuPy loads NVRTC on first use, after searching the disk for it (cuda.pathfinder's
-            # search, a large share of the warm command: docs/history/sessions.md, ninth
-            # session); the device's identity names NVRTC's version.
-            nvrtc_version()
-        except Exception:
-            pass
-
-    threading.Thread(target=prepare, name="autogen-gpu-preparation", daemon=True).start()
+    try:
+        driver = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+    except OSError:
+        return  # no driver: the command says so
+    threading.Thread(target=driver.cuInit, args=(0,), name="autogen-gpu-preparation", daemon=True).start()
+    if installed_file("cupy") is not None and stack_record.recall() is None:
+        stack_record.record_in_background()
 
 
 HANDLERS = {"tune": cmd_tune, "tune-model": cmd_tune_model, "bench": cmd_bench, "list": cmd_list, "show": cmd_show,

@@ -79,7 +79,7 @@ def identity_for_lookup() -> DeviceIdentity:
     driver (through ctypes) and autogen.gpu.stack_record where that record holds, so CuPy is not
     imported; from CuPy otherwise, which then records the stack for the next command. Where CuPy
     is already imported, its current device is the one meant, so CuPy answers."""
-    recalled = None if "cupy" in sys.modules else stack_record.recall()
+    recalled = None if "cupy" in sys.modules else stack_record.recall_when_recorded()
     if recalled is None:
         identity = device_identity()
         stack_record.remember(identity.runtime_version, identity.nvrtc_version)

@@ -15,6 +15,13 @@ A record is trusted only while nothing that could make CuPy load other libraries
     followed again, so a re-pointed /usr/local/cuda shows) and the file's inode, size and time.
 Anything else, or any doubt, answers None and the caller asks CuPy, which rewrites the record.
 The record is written only where dl_iterate_phdr names the loaded libraries (Linux, glibc).
+
+Where no record holds (a fresh HOME, a changed install), record_in_background() asks CuPy in a child
+process of the same interpreter, sys.path and environment, so the same libraries are found, while
+this process goes on with its own imports: importing CuPy on a thread of this process held the GIL
+the database layer's imports needed (docs/benchmarks.md, "Answered from the database").
+recall_when_recorded() waits for that child (never longer than RECORDING_TIMEOUT_S) before it
+recalls.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import ctypes
 import hashlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +42,21 @@ LIBRARY_PREFIXES = ("libcudart", "libnvrtc")
 # Environment variables that steer where CuPy, cuda.pathfinder and the dynamic linker look.
 ENVIRONMENT_PREFIXES = ("CUDA", "CUPY", "NVIDIA", "CONDA", "LD_", "PYTHON", "VIRTUAL_ENV")
 LINKER_CACHE = "/etc/ld.so.cache"
+# A child that has not recorded by then (a machine just started can take seconds to import CuPy)
+# is stopped, and the caller asks CuPy itself.
+RECORDING_TIMEOUT_S = 30.0
+# The child: this process's sys.path (argv[1]), then only where the driver reports a device, the
+# two versions as autogen.gpu.device.device_identity asks CuPy for them.
+_SAME_PATH = """import json, sys
+sys.path[:] = json.loads(sys.argv[1])
+"""
+_RECORDER = _SAME_PATH + """from autogen.gpu import stack_record
+from autogen.gpu.compile import nvrtc_version
+from autogen.gpu.device import driver_device_count, require_cupy
+if driver_device_count() > 0:
+    stack_record.remember(require_cupy().cuda.runtime.runtimeGetVersion(), nvrtc_version())
+"""
+_recording: subprocess.Popen | None = None
 
 
 def recall() -> tuple[int, str] | None:
@@ -73,6 +96,34 @@ def remember(runtime_version: int, nvrtc_version: str) -> None:
         write_atomically(_record_path(), json.dumps(record, indent=1))
     except OSError:
         pass
+
+
+def record_in_background() -> None:
+    """Start the child that records the stack (at most one per process); nothing where it
+    cannot start (the caller then asks CuPy itself)."""
+    global _recording
+    if _recording is not None:
+        return
+    try:
+        _recording = subprocess.Popen([sys.executable, "-c", _RECORDER, json.dumps(sys.path)],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+    except OSError:
+        _recording = None
+
+
+def recall_when_recorded(timeout_s: float = RECORDING_TIMEOUT_S) -> tuple[int, str] | None:
+    """recall(), once the child record_in_background() started has ended (stopped after
+    timeout_s)."""
+    global _recording
+    recording, _recording = _recording, None
+    if recording is not None:
+        try:
+            recording.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            recording.kill()
+            recording.wait()
+    return recall()
 
 
 def _record_path() -> Path:

@@ -203,3 +203,43 @@ def test_require_gpu_asks_cupy_only_in_doubt(monkeypatch, cupy_found, driver, as
     else:
         gpu.require_gpu()
     assert bool(asked) == asks_cupy
+
+
+def _run_recorder(monkeypatch, code: str, timeout_s: float = 30.0):
+    monkeypatch.setattr(stack_record, "_RECORDER", code)
+    monkeypatch.setattr(stack_record, "_recording", None)
+    stack_record.record_in_background()
+    return stack_record.recall_when_recorded(timeout_s)
+
+
+def test_the_recording_child_runs_with_this_process_sys_path(setting, monkeypatch, tmp_path):
+    # The record's name is a hash of sys.path: the child must search, and record, as this process would.
+    seen = tmp_path / "child_path.json"
+    _run_recorder(monkeypatch, stack_record._SAME_PATH + f"open({str(seen)!r}, 'w').write(json.dumps(sys.path))\n")
+    assert __import__("json").loads(seen.read_text()) == sys.path
+
+
+def test_recall_waits_for_the_recording_child(setting, monkeypatch, tmp_path):
+    marker = tmp_path / "done"
+    code = f"import time, pathlib\ntime.sleep(0.3)\npathlib.Path({str(marker)!r}).write_text('x')\n"
+    assert _run_recorder(monkeypatch, code) is None  # the child wrote no record
+    assert marker.exists()
+
+
+def test_a_recording_child_that_hangs_is_stopped(setting, monkeypatch):
+    import time
+    started = time.monotonic()
+    assert _run_recorder(monkeypatch, "import time\ntime.sleep(60)\n", timeout_s=0.5) is None
+    assert time.monotonic() - started < 30
+
+
+def test_without_a_driver_the_recording_child_records_nothing(setting, monkeypatch):
+    monkeypatch.setattr(stack_record, "_recording", None)
+    try:
+        __import__("ctypes").CDLL("libcuda.so.1")
+        pytest.skip("a CUDA driver is installed here")
+    except OSError:
+        pass
+    stack_record.record_in_background()
+    assert stack_record.recall_when_recorded() is None
+    assert not list((stack_record.cache_root() / "stack").glob("*.json")) if (stack_record.cache_root() / "stack").exists() else True
