@@ -5,16 +5,11 @@ calls and the torch ops match torch."""
 from __future__ import annotations
 
 import secrets
-import sys
-from pathlib import Path
-
 import pytest
 
 from autogen.core.registry import get_family
-from autogen.core.render import render
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from nvcc_tools import extreme_configs  # noqa: E402
+from nvcc_tools import extreme_configs
+from variant_cubins import compile_spaces
 
 pytestmark = pytest.mark.gpu
 
@@ -26,19 +21,7 @@ CONCAT_SHAPES = [(1, 1, 1), (3, 7, 33), (9, 19, 23), (17, 40, 33), (4, 4099, 300
 @pytest.fixture(scope="module")
 def cubins():
     """{(family, dtype): {kernel name: (config, cubin)}}: every variant, compiled in one pool."""
-    from autogen.gpu.compile import compile_many
-    from autogen.gpu.device import device_identity
-
-    configs, sources = {}, {}
-    for family_name in ("transpose", "concat"):
-        family = get_family(family_name)
-        for dtype in DTYPES:
-            for config in family.space.enumerate():
-                name = family.kernel_name(dtype, config)
-                configs.setdefault((family_name, dtype), {})[name] = config
-                sources[name] = render(family, dtype, config)
-    built = compile_many(sources, device_identity().arch)
-    return {key: {name: (config, built[name]) for name, config in named.items()} for key, named in configs.items()}
+    return compile_spaces(("transpose", "concat"), DTYPES)
 
 
 def _validate(cubins, family_name, dtype, dims, configs=None):
