@@ -62,6 +62,7 @@ def time_in_torch(problem, family) -> dict:
         return {"unavailable": "PyTorch is not importable"}
     import cupy
 
+    import autogen
     from autogen.gpu.device import device_identity
     from autogen.gpu.peers import as_tensor
 
@@ -75,6 +76,8 @@ def time_in_torch(problem, family) -> dict:
     calls = [torch_calls(torch, problem, s) for s in sets]
     result: dict = {"input_sets": count}
     try:
+        served = autogen.lookup(problem.family, **dict(problem.sizes), **dict(problem.traits), dtype=problem.dtype)
+        result["served"] = {"kernel": served.name, "served_by": served.served_by}
         ours, theirs = calls[0][0](), calls[0][1]()
         result["agree"] = bool(torch.equal(ours, theirs))
         graphs = {label: torch_graph(torch, lambda i, j=j: calls[i][j](), count)
@@ -119,6 +122,8 @@ def main(argv=None) -> int:
     from autogen.core.registry import get_family
 
     db_url = f"sqlite:///{args.out / 'bench_transpose_concat.db'}"
+    from autogen.runtime import dispatch
+    dispatch._default_dispatcher = dispatch.Dispatcher(db_url)  # autogen's calls serve this run's winners
     problems = [get_family(name).problem(dtype, **dims) for name, dtype, dims in PROBLEMS
                 if not args.only or name == args.only]
     rows = []

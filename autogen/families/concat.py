@@ -25,7 +25,7 @@ from autogen.families import _copy2d as c2
 from autogen.families import _elementwise as ew
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
-SLOTS = 8  # inputs per launch, passed by value (as torch.cat batches its inputs)
+SLOTS = 16  # inputs per launch, passed by value (as torch.cat batches its inputs)
 AXES = ("0", "1")
 
 SPACE = Space(
@@ -34,6 +34,10 @@ SPACE = Space(
         Param("elements_per_thread", (1, 2, 4, 8, 16, 32), "ept",
               "elements a thread moves per block, all loaded before any is stored"),
         Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
+        Param("walk", ("rows", "elements"), "w",
+              "rows: a block copies a chunk of one row of y, each input in it a run (the widest unit both "
+              "sides align to, single elements at its ends); elements: a block copies a chunk of one input, "
+              "each element finding its row by a division"),
     ),
     constraints=(c2.packs_whole,),
 )
@@ -58,7 +62,7 @@ class Concat(Family):
     tail_shapes = ((1, 1, 1), (2, 3, 5), (3, 7, 33), (5, 37, 41), (9, 19, 23), (17, 40, 33), (4, 1000, 37))
     dtypes = c2.DTYPES_MOVED
     space = SPACE
-    default_params = {"vector_width": 1, "elements_per_thread": 8, "block_size": 256}
+    default_params = {"vector_width": 4, "elements_per_thread": 8, "block_size": 256, "walk": "rows"}
     outputs = ("y",)
     op_signature = OpSignature((TensorList("arrays"), Scalar("axis", "int", 0)),
                                (Output("out", _concat_shape, "arrays"),))
@@ -82,15 +86,19 @@ class Concat(Family):
 
     # --- geometry -------------------------------------------------------------------------
     def plan(self, problem: Problem, config: Config) -> list[Step]:
-        """ceil(k / SLOTS) launches. Each grid is the most blocks any split can need:
-        ceil(rows * cols / chunk) plus one per input (a block that finds no input returns)."""
+        """ceil(k / SLOTS) launches, each grid the most blocks any split can need (blocks with
+        nothing to do return): walk rows, every chunk of y's rows; walk elements, the chunks of
+        the whole output plus one per input."""
         k, rows, cols, axis = problem["k"], problem["rows"], problem["cols"], int(problem["axis"])
         chunk = config["block_size"] * config["elements_per_thread"]
         scalars = [kernel_scalar(v, np.int32) for v in (rows, cols, axis)]
         steps = []
         for group in range(0, k, SLOTS):
             slots = min(SLOTS, k - group)
-            blocks = c2.rounded_up(rows * cols, chunk) + slots
+            if config["walk"] == "rows":
+                blocks = c2.rounded_up(rows * cols, chunk) if axis == 0 else rows * c2.rounded_up(cols, chunk)
+            else:
+                blocks = c2.rounded_up(rows * cols, chunk) + slots
             launch = Launch(grid=(blocks, 1, 1), block=(config["block_size"], 1, 1))
             steps.append(Step("", launch, _group_args(group, slots, axis, scalars)))
         return steps
@@ -100,21 +108,24 @@ class Concat(Family):
         if too_wide:
             return too_wide
         vw, cols = config["vector_width"], problem["cols"]
-        if vw > 1 and cols % vw:
-            return f"vector_width={vw} does not divide cols={cols}: rows of y break packs"
         per_block = config["block_size"] * config["elements_per_thread"]
+        if config["walk"] == "elements" and vw > 1 and cols % vw:
+            return f"vector_width={vw} does not divide cols={cols}: rows of y break packs"
+        if config["walk"] == "rows" and problem["axis"] == "1" and per_block > 2 * cols and config["block_size"] > 128:
+            return f"block_size*elements_per_thread={per_block} is over twice a row of {cols}: most threads idle"
         if config["block_size"] > 128 and per_block > 2 * c2.elements(problem):
             return f"block_size*elements_per_thread={per_block} covers over twice the output"
         return None
 
     def seed_configs(self, problem: Problem) -> list[Config]:
-        """16-byte packs, two or four a thread, as a vectorised copy; then single elements, eight a
-        thread (the shapes whose rows break packs); those pruned left out."""
+        """Row runs in units of up to 16 bytes, two or four a thread, and in single elements; then
+        the element walk with 16-byte packs and with single elements; those pruned left out."""
         wide = c2.MAX_PACK_BYTES // DTYPES[problem.dtype].itemsize
-        points = ({"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256},
-                  {"vector_width": wide, "elements_per_thread": 4 * wide, "block_size": 128},
-                  {"vector_width": 1, "elements_per_thread": 8, "block_size": 256},
-                  {"vector_width": 1, "elements_per_thread": 16, "block_size": 512})
+        points = ({"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "rows"},
+                  {"vector_width": wide, "elements_per_thread": 4 * wide, "block_size": 128, "walk": "rows"},
+                  {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "rows"},
+                  {"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "elements"},
+                  {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "elements"})
         return ew.fitting_seeds(self, problem, points)
 
     # --- data -----------------------------------------------------------------------------

@@ -48,7 +48,21 @@ def test_concat_splits_cover_the_axis_and_the_reference_joins_them(axis):
         expected = CONCAT.reference(problem, inputs)
         inputs["y"][...] = np.concatenate(pieces, axis=int(axis))
         assert CONCAT.compare(problem, inputs, expected, None) == (0.0, "")
-    assert len(CONCAT.plan(problem, CONCAT.default_config())) == 2  # 9 inputs: two launches of 8 slots
+    assert len(CONCAT.plan(problem, CONCAT.default_config())) == 1  # 9 inputs: one launch of 16 slots
+    more = CONCAT.problem("bfloat16", k=17, rows=40, cols=33, axis=axis)
+    assert len(CONCAT.plan(more, CONCAT.default_config())) == 2
+
+
+def test_concat_row_walk_grid_covers_every_chunk_of_y_rows():
+    config = CONCAT.space.check({"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "rows"})
+    (step,) = CONCAT.plan(CONCAT.problem("float16", k=9, rows=2047, cols=3001, axis="1"), config)
+    assert step.launch.grid == (2047 * 2, 1, 1)  # 2048 elements a block: two chunks a row
+    (step,) = CONCAT.plan(CONCAT.problem("float16", k=9, rows=2047, cols=3001, axis="0"), config)
+    assert step.launch.grid == (-(-2047 * 3001 // 2048), 1, 1)  # one row of rows * cols
+    # Packs need no aligned rows on this walk; the element walk refuses them.
+    odd = CONCAT.problem("float16", k=3, rows=7, cols=3001, axis="0")
+    assert CONCAT.reject_reason(odd, config) is None
+    assert "does not divide" in CONCAT.reject_reason(odd, CONCAT.space.check({**config.as_dict(), "walk": "elements"}))
 
 
 def test_bad_problems_are_refused():
