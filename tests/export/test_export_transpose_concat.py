@@ -17,8 +17,7 @@ import pytest
 from autogen.core.registry import get_family
 from conftest import gpu_unavailable_reason
 from nvcc_tools import nvcc_or_skip
-from test_export import H100, WERROR, build_library, run, run_export, store_winner
-from tuning_db import TuningDB
+from test_export import WERROR, build_libraries, export_winners, run
 
 TRANSPOSE, CONCAT = get_family("transpose"), get_family("concat")
 # family -> [(dtype, dims, params)]: one shape too large to ship data for per family, one small.
@@ -36,24 +35,14 @@ WINNERS = {
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("export_copy2d")
-    url = f"sqlite:///{root / 'tuning.db'}"
-    with TuningDB(url) as db:
-        for family, winners in WINNERS.items():
-            for i, (dtype, dims, params) in enumerate(winners):
-                store_winner(db, H100, family, dims, params, 20.0 + i, 30.0 + i, dtype=dtype)
-    outs = {}
-    for family in WINNERS:
-        outs[family] = root / f"autogen_{family}"
-        assert run_export(family, "--out", str(outs[family]), "--gpu", H100.name, "--db", url, "--self-test") == 0
-    return outs
+    return export_winners(tmp_path_factory.mktemp("export_copy2d"),
+                          [(family, *winner) for family, winners in WINNERS.items() for winner in winners])
 
 
 @pytest.fixture(scope="module")
 def libraries(exports, tmp_path_factory) -> dict[str, Path]:
     """family -> the static library of its exported kernels for sm_90, warnings as errors."""
-    work = tmp_path_factory.mktemp("copy2d_build")
-    return {family: build_library(out / f"autogen_{family}.cu", "sm_90", work) for family, out in exports.items()}
+    return build_libraries(exports, "sm_90", tmp_path_factory.mktemp("copy2d_build"))
 
 
 def namespace_of(selftest: str, symbol: str) -> str:
