@@ -35,6 +35,13 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class TensorList:
+    """A list of tensor operands of the call (torch's Tensor[]): concat's inputs."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class Scalar:
     """A scalar operand: kind is one of SCALAR_TYPES; default REQUIRED when it must be given;
     optional: None is accepted (and is then the default)."""
@@ -64,8 +71,8 @@ class Output:
 
 @dataclass(frozen=True)
 class OpSignature:
-    """A family's call as PyTorch sees it: operands in call order (the first a Tensor: it names
-    the device and the stream), then outputs."""
+    """A family's call as PyTorch sees it: operands in call order (the first a Tensor or a
+    TensorList: it names the device and the stream), then outputs."""
 
     operands: tuple
     outputs: tuple
@@ -111,6 +118,8 @@ def _alias(index: int) -> str:
 def _operand(parameter) -> str:
     if isinstance(parameter, Tensor):
         return f"Tensor {parameter.name}"
+    if isinstance(parameter, TensorList):
+        return f"Tensor[] {parameter.name}"
     kind = SCALAR_TYPES[parameter.kind] + ("?" if parameter.optional else "")
     default = None if parameter.optional and parameter.default is REQUIRED else parameter.default
     if default is REQUIRED:
@@ -149,21 +158,21 @@ def check_signature(family, where: str) -> OpSignature:
     signature = family.op_signature
     if not isinstance(signature, OpSignature):
         raise FamilyError(f"{where}: op_signature must be an autogen.core.signature.OpSignature")
-    if not signature.operands or not isinstance(signature.operands[0], Tensor):
-        raise FamilyError(f"{where}: op_signature's first operand must be a Tensor")
+    if not signature.operands or not isinstance(signature.operands[0], (Tensor, TensorList)):
+        raise FamilyError(f"{where}: op_signature's first operand must be a Tensor or a TensorList")
     if not signature.outputs:
         raise FamilyError(f"{where}: op_signature names no output")
     names = signature.out_names()
     if len(set(names)) != len(names) or not all(isinstance(n, str) and n.isidentifier() for n in names):
         raise FamilyError(f"{where}: op_signature's names must be distinct identifiers, got {', '.join(map(str, names))}")
-    tensors = {p.name for p in signature.operands if isinstance(p, Tensor)}
+    tensors = {p.name for p in signature.operands if isinstance(p, (Tensor, TensorList))}
     scalars = {p.name for p in signature.operands if isinstance(p, Scalar)}
     for parameter in signature.operands:
         if isinstance(parameter, Scalar) and parameter.kind not in SCALAR_TYPES:
             raise FamilyError(f"{where}: scalar {parameter.name!r} has kind {parameter.kind!r}; "
                               f"one of {', '.join(SCALAR_TYPES)}")
-        if not isinstance(parameter, (Tensor, Scalar)):
-            raise FamilyError(f"{where}: op_signature operands are Tensor or Scalar, not {type(parameter).__name__}")
+        if not isinstance(parameter, (Tensor, TensorList, Scalar)):
+            raise FamilyError(f"{where}: op_signature operands are Tensor, TensorList or Scalar, not {type(parameter).__name__}")
     for output in signature.outputs:
         if output.dtype not in tensors and output.dtype not in DTYPES:
             raise FamilyError(f"{where}: output {output.name!r} has dtype {output.dtype!r}: a tensor operand's "

@@ -29,12 +29,15 @@ def resolve_stream(cupy, stream, args: tuple):
     """None means the current stream: CuPy's, or PyTorch's when the operands are torch tensors.
     Also accepts a CuPy stream, a torch.cuda.Stream, or a raw cudaStream_t as an int."""
     if stream is None:
-        if type(args[0]) is cupy.ndarray:  # the common case, decided without touching torch
+        first = args[0]
+        if type(first) is cupy.ndarray:  # the common case, decided without touching torch
             return None
+        if isinstance(first, (list, tuple)) and first:  # a list of operands (concat): its first
+            first = first[0]
         torch = sys.modules.get("torch")
-        if torch is None or not isinstance(args[0], torch.Tensor):
+        if torch is None or not isinstance(first, torch.Tensor):
             return None
-        stream = torch.cuda.current_stream(args[0].device)
+        stream = torch.cuda.current_stream(first.device)
     if isinstance(stream, (cupy.cuda.Stream, cupy.cuda.ExternalStream)):
         return stream
     if isinstance(stream, int):

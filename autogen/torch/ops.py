@@ -19,7 +19,7 @@ import torch
 from autogen.core.dtypes import DTYPES
 from autogen.core.registry import all_families, get_family, on_register
 from autogen.core.signature import (bind_arguments, check_signature, defaults_of, functional_schema, op_name,
-                                    out_schema, Tensor)
+                                    out_schema, Tensor, TensorList)
 from autogen.errors import describe_family, FamilyError
 
 NAMESPACE = "autogen"
@@ -74,12 +74,15 @@ def _define(family_name: str, name: str, signature) -> None:
     functional_names, out_names = signature.functional_names(), signature.out_names()
     first = signature.operands[0].name
     tensors = {p.name for p in signature.operands if isinstance(p, Tensor)}
+    lists = {p.name for p in signature.operands if isinstance(p, TensorList)}
     call = _dispatched_call(family_name)
 
     def functional(*args, **kwargs):
         values = bind_arguments(functional_names, defaults, args, kwargs)
         for key in tensors:  # the families take C-contiguous operands; no autograd (weights are parameters)
             values[key] = values[key].detach().contiguous()
+        for key in lists:
+            values[key] = [t.detach().contiguous() for t in values[key]]
         for output in signature.read_outputs:  # a fresh copy: the functional op writes no input
             if values[output.name] is not None:
                 values[output.name] = values[output.name].clone(memory_format=torch.contiguous_format)
@@ -88,12 +91,14 @@ def _define(family_name: str, name: str, signature) -> None:
 
     def into(*args, **kwargs):
         values = bind_arguments(out_names, defaults, args, kwargs)
-        values = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+        values = {k: v.detach() if isinstance(v, torch.Tensor) else [t.detach() for t in v] if k in lists else v
+                  for k, v in values.items()}
         call()(values.pop(first), **values)
 
     def fake_functional(*args, **kwargs):
         values = bind_arguments(functional_names, defaults, args, kwargs)
-        outputs = tuple(_empty_like_output(o, values, values[first].device) for o in signature.outputs)
+        device = (values[first][0] if first in lists else values[first]).device
+        outputs = tuple(_empty_like_output(o, values, device) for o in signature.outputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def fake_into(*args, **kwargs):
@@ -122,7 +127,9 @@ def _dispatched_call(family_name: str):
 
 
 def _empty_like_output(output, values: dict, device):
-    dtype = values[output.dtype].dtype if output.dtype in values else getattr(torch, DTYPES[output.dtype].torch_name)
+    like = values.get(output.dtype)
+    like = like[0] if isinstance(like, (list, tuple)) else like
+    dtype = like.dtype if like is not None else getattr(torch, DTYPES[output.dtype].torch_name)
     return torch.empty(output.shape_of(values), dtype=dtype, device=device)
 
 

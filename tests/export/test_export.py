@@ -121,6 +121,27 @@ def cuda_dirs() -> tuple[str, str]:
     return include[1], [lib for lib in libraries if not lib.rstrip("/").endswith("stubs")][0]
 
 
+def export_winners(root: Path, winners: list[tuple[str, str, dict, dict]]) -> dict[str, Path]:
+    """family -> its export folder (with the self-test) under root, from one database holding the
+    made-up winners (family, dtype, dims, params); a family and dtype's i-th winner timed 2 + i us."""
+    url = f"sqlite:///{root / 'tuning.db'}"
+    counts: dict = {}
+    with TuningDB(url) as db:
+        for family, dtype, dims, params in winners:
+            i = counts[family, dtype] = counts.get((family, dtype), -1) + 1
+            store_winner(db, H100, family, dims, params, 2.0 + i, 3.0 + i, dtype=dtype)
+    outs = {}
+    for family in dict.fromkeys(family for family, *_ in winners):
+        outs[family] = root / f"autogen_{family}"
+        assert run_export(family, "--out", str(outs[family]), "--gpu", H100.name, "--db", url, "--self-test") == 0
+    return outs
+
+
+def build_libraries(exports: dict[str, Path], arch: str, workdir: Path) -> dict[str, Path]:
+    """family -> the static library of its exported kernels (build_library)."""
+    return {family: build_library(out / f"autogen_{family}.cu", arch, workdir) for family, out in exports.items()}
+
+
 def build_library(source: Path, arch: str, workdir: Path) -> Path:
     """nvcc -c with warnings as errors, then a static library, as the exported Makefile does."""
     obj = workdir / f"{source.stem}_{arch}.o"

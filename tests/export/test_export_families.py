@@ -18,8 +18,7 @@ import pytest
 from autogen.core.registry import get_family
 from conftest import gpu_unavailable_reason
 from nvcc_tools import nvcc_or_skip
-from test_export import H100, WERROR, build_library, run, run_export, store_winner
-from tuning_db import TuningDB
+from test_export import WERROR, build_libraries, export_winners, run
 
 ARCH = "sm_90"
 
@@ -65,25 +64,15 @@ SOFTMAX_TOLERANCES = {"float32": 1e-5, "float16": 1e-3}
 def exports(tmp_path_factory) -> dict[str, Path]:
     """family -> its export folder, from one database holding made-up winners for both dtypes."""
     root = tmp_path_factory.mktemp("export_families")
-    url = f"sqlite:///{root / 'tuning.db'}"
-    with TuningDB(url) as db:
-        for family, by_dtype in WINNERS.items():
-            dims = get_family(family).dims
-            for dtype, shapes in by_dtype.items():
-                for i, (shape, params) in enumerate(shapes.items()):
-                    store_winner(db, H100, family, dict(zip(dims, shape)), params, 2.0 + i, 3.0 + i, dtype=dtype)
-    outs = {}
-    for family in WINNERS:
-        outs[family] = root / f"autogen_{family}"
-        assert run_export(family, "--out", str(outs[family]), "--gpu", H100.name, "--db", url, "--self-test") == 0
-    return outs
+    return export_winners(root, [(family, dtype, dict(zip(get_family(family).dims, shape)), params)
+                                 for family, by_dtype in WINNERS.items() for dtype, shapes in by_dtype.items()
+                                 for shape, params in shapes.items()])
 
 
 @pytest.fixture(scope="module")
 def libraries(exports, tmp_path_factory) -> dict[str, Path]:
     """family -> the static library of its exported kernels, built for sm_90 with warnings as errors."""
-    work = tmp_path_factory.mktemp("libraries")
-    return {family: build_library(out / f"autogen_{family}.cu", ARCH, work) for family, out in exports.items()}
+    return build_libraries(exports, ARCH, tmp_path_factory.mktemp("libraries"))
 
 
 # -- what is written --------------------------------------------------------------------------------

@@ -7,10 +7,10 @@ import secrets
 
 import pytest
 
-from autogen.gpu.compile import compile_many
 from autogen.core.registry import get_family
 from autogen.core.compare import rounding_error
 from autogen.core.render import render
+from variant_cubins import compile_spaces
 
 pytestmark = pytest.mark.gpu
 
@@ -22,18 +22,7 @@ DTYPES = ["float32", "float16"]
 @pytest.fixture(scope="module")
 def all_cubins():
     """{(family, dtype): {kernel name: (config, cubin or CompileError)}}, compiled in one pool."""
-    from autogen.gpu.device import device_identity
-
-    configs, sources = {}, {}
-    for family_name in ("reduce", "softmax"):
-        family = get_family(family_name)
-        for dtype in DTYPES:
-            for config in family.space.enumerate():
-                name = family.kernel_name(dtype, config)
-                configs.setdefault((family_name, dtype), {})[name] = config
-                sources[name] = render(family, dtype, config)
-    cubins = compile_many(sources, device_identity().arch)
-    return {key: {name: (config, cubins[name]) for name, config in named.items()} for key, named in configs.items()}
+    return compile_spaces(("reduce", "softmax"), DTYPES)
 
 
 def _rng():

@@ -1,0 +1,181 @@
+"""concat's kernels run on the CPU: the rendered CUDA source built as host C++ (the thread and
+block indices made globals), every block and thread of each launch of the family's own plan run in
+turn (the kernels share nothing between threads, so any order is one a GPU may take), inputs and y
+placed as the GPU tests place them (256-byte aligned, or one element past), and y compared with
+numpy's concatenation bit for bit. It checks the walks' index arithmetic, the unit choice at run
+ends and the plan's grids on odd shapes and splits without a GPU."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autogen.core.registry import get_family
+from autogen.core.render import render
+from autogen.families.concat import SLOTS
+
+CONCAT = get_family("concat")
+CONFIGS = [  # (dtype, params): both walks, every unit width, single elements, two launches' worth of slots
+    ("float16", {"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "rows"}),
+    ("float16", {"vector_width": 4, "elements_per_thread": 4, "block_size": 128, "walk": "rows"}),
+    ("float16", {"vector_width": 2, "elements_per_thread": 2, "block_size": 128, "walk": "rows"}),
+    ("float16", {"vector_width": 1, "elements_per_thread": 1, "block_size": 128, "walk": "rows"}),
+    ("float32", {"vector_width": 4, "elements_per_thread": 8, "block_size": 128, "walk": "rows"}),
+    ("float32", {"vector_width": 1, "elements_per_thread": 32, "block_size": 128, "walk": "rows"}),
+    ("float16", {"vector_width": 1, "elements_per_thread": 8, "block_size": 128, "walk": "elements"}),
+]
+# (k, rows, cols): odd widths, more inputs than a launch takes, a wide and a narrow one.
+SHAPES = [(1, 1, 1), (3, 7, 33), (9, 67, 301), (17, 40, 33), (3, 5, 4099), (4, 300, 7)]
+
+PRELUDE = r"""
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __align__(n) alignas(n)
+struct Dim3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+static Dim3 threadIdx, blockIdx, blockDim, gridDim;
+"""
+
+DRIVER = r"""
+// stdin: variant k rows cols axis offset, the k extents, then per launch its grid; input values
+// from argv[1] (all inputs in order), y written to argv[2].
+template <class E, class K>
+int run(K kernel, int block)
+{
+    int k, rows, cols, axis, offset;
+    if (std::scanf("%d %d %d %d %d", &k, &rows, &cols, &axis, &offset) != 5) return 2;
+    std::vector<int> extents(k);
+    for (int& e : extents) std::scanf("%d", &e);
+    const std::size_t n = (std::size_t)rows * cols, align = 256 / sizeof(E);
+    std::vector<E> values(n);
+    std::FILE* in = std::fopen(ARGV[1], "rb");
+    if (!in || std::fread(values.data(), sizeof(E), n, in) != n) return 3;
+    std::fclose(in);
+    // Every input at a 256-byte aligned start plus the offset, as a GPU allocation would be.
+    std::vector<E> pool(n + k * (align + 1) + 2 * align), out(n + 2 * align);
+    E* base = reinterpret_cast<E*>((reinterpret_cast<std::uintptr_t>(pool.data()) + 255) / 256 * 256);
+    E* y = reinterpret_cast<E*>((reinterpret_cast<std::uintptr_t>(out.data()) + 255) / 256 * 256) + offset;
+    std::memset(y, 0xff, n * sizeof(E));  // poison
+    std::vector<const E*> xs;
+    std::size_t start = 0, taken = 0;
+    for (int s = 0; s < k; ++s) {
+        const std::size_t count = (std::size_t)extents[s] * (axis == 0 ? cols : rows);
+        E* x = base + start + offset;
+        std::memcpy(x, values.data() + taken, count * sizeof(E));
+        xs.push_back(x);
+        taken += count;
+        start += (count + offset + align - 1) / align * align;
+    }
+    int first = 0;
+    for (int group = 0; group < k; group += kSlots) {
+        unsigned grid;
+        if (std::scanf("%u", &grid) != 1) return 4;
+        const int slots = k - group < kSlots ? k - group : kSlots;
+        const E* x[kSlots];
+        int e[kSlots];
+        for (int s = 0; s < kSlots; ++s) {
+            x[s] = s < slots ? xs[group + s] : y;
+            e[s] = s < slots ? extents[group + s] : 0;
+        }
+        blockDim.x = block, gridDim.x = grid;
+        for (blockIdx.x = 0; blockIdx.x < grid; ++blockIdx.x)
+            for (threadIdx.x = 0; threadIdx.x < (unsigned)block; ++threadIdx.x)
+                kernel(X_ARGS, E_ARGS, slots, first, y, rows, cols, axis);
+        for (int s = 0; s < slots; ++s) first += e[s];
+    }
+    std::FILE* result = std::fopen(ARGV[2], "wb");
+    std::fwrite(y, sizeof(E), n, result);
+    std::fclose(result);
+    return 0;
+}
+
+int main(int, char** argv)
+{
+    ARGV = argv;
+    int variant = -1;
+    if (std::scanf("%d", &variant) != 1) return 2;
+    switch (variant) {
+CASES
+    }
+    return 2;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("concat_emulated")
+    kernels, cases = [], []
+    for index, (dtype, params) in enumerate(CONFIGS):
+        config = CONCAT.space.check(params)
+        kernels.append(render(CONCAT, dtype, config))
+        elem = "float" if dtype == "float32" else "unsigned short"
+        cases.append(f"    case {index}: return run<{elem}>({CONCAT.kernel_name(dtype, config)}, {params['block_size']});")
+    driver = (DRIVER.replace("X_ARGS", ", ".join(f"x[{s}]" for s in range(SLOTS)))
+              .replace("E_ARGS", ", ".join(f"e[{s}]" for s in range(SLOTS))).replace("CASES", "\n".join(cases)))
+    source = work / "emulated.cpp"
+    source.write_text(PRELUDE + "static char** ARGV;\n" + "\n".join(kernels) + f"\nconstexpr int kSlots = {SLOTS};\n" + driver)
+    binary = work / "emulated"
+    done = subprocess.run(["g++", "-std=c++17", "-O1", "-w", str(source), "-o", str(binary)], capture_output=True, text=True)
+    if done.returncode != 0 and "not found" in done.stderr:
+        pytest.skip("no g++")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return binary
+
+
+def splits(rng, total: int, k: int) -> list[list[int]]:
+    """Nearly equal parts, random ones (at least one each where the axis allows) and, where k > 1,
+    one with an empty input."""
+    even = [total // k + (1 if s < total % k else 0) for s in range(k)]
+    cuts = np.sort(rng.choice(np.arange(1, total), size=k - 1, replace=False)) if 1 < k <= total else []
+    random = list(np.diff([0, *cuts, total])) if len(cuts) == k - 1 else even
+    parts = [even, [int(e) for e in random]]
+    if k > 1 and total >= k - 1:
+        parts.append([0, *even[1:-1], even[0] + even[-1]])
+    return parts
+
+
+@pytest.mark.parametrize("variant", range(len(CONFIGS)))
+def test_every_launch_of_the_plan_joins_the_inputs_exactly(emulator, tmp_path, variant):
+    dtype, params = CONFIGS[variant]
+    storage = np.uint32 if dtype == "float32" else np.uint16
+    config = CONCAT.space.check(params)
+    rng = np.random.default_rng(variant)
+    for k, rows, cols in SHAPES:
+        for axis in (0, 1):
+            total = rows if axis == 0 else cols
+            if k > total:
+                continue
+            problem = CONCAT.problem(dtype, k=k, rows=rows, cols=cols, axis=str(axis))
+            grids = [step.launch.grid[0] for step in CONCAT.plan(problem, config)]
+            for extents in splits(rng, total, k):
+                for offset in (0, 1):
+                    # Random bits with the exponent's top bit clear: finite, never the poison.
+                    values = rng.integers(0, np.iinfo(storage).max, rows * cols, dtype=np.uint64).astype(storage)
+                    values &= storage(0xbfffffff if dtype == "float32" else 0xbfff)
+                    pieces, at = [], 0
+                    for e in extents:
+                        shape = (e, cols) if axis == 0 else (rows, e)
+                        pieces.append(values[at:at + e * (cols if axis == 0 else rows)].reshape(shape))
+                        at += pieces[-1].size
+                    (tmp_path / "in.bin").write_bytes(values.tobytes())
+                    spec = " ".join(map(str, [variant, k, rows, cols, axis, offset, *extents, *grids]))
+                    done = subprocess.run([str(emulator), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
+                                          input=spec, capture_output=True, text=True, timeout=60)
+                    assert done.returncode == 0, (spec, done.stderr)
+                    got = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype=storage).reshape(rows, cols)
+                    want = np.concatenate(pieces, axis=axis)
+                    wrong = np.flatnonzero(got != want)
+                    assert wrong.size == 0, f"{CONCAT.kernel_name(dtype, config)} on {spec}: {wrong.size} wrong, first {wrong[:5]}"
