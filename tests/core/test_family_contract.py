@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from autogen.core.family import Family
 from autogen.core.registry import all_families
 from autogen.gpu.measure import judge
 from autogen.core.render import render
@@ -72,4 +73,5 @@ def test_inputs_reference_and_byte_count_agree(name, dtype):
         poisoned += bool(judge(family, problem, inputs, reference, magnitude, np)[1])
     assert poisoned >= 1, "no validation case poisons the output before the launch"
     assert family.bytes_moved(problem, family.timing_case(problem)) > 0
-    assert family.tolerance_for(problem) > 0
+    # 0 only where the family's own comparison is exact (a copy): a relative error needs a bound.
+    assert family.tolerance_for(problem) > 0 or type(family).compare is not Family.compare
