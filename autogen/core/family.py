@@ -71,6 +71,9 @@ class Trait:
     # value is then part of the kernel's name and a variable of its template. False when it
     # only describes the data the kernel is tuned for (a histogram's value distribution).
     code: bool = False
+    # A two-choice trait may name a command-line switch: --<switch>, taking no value, selects
+    # the second choice (scan's --exclusive); --<name> VALUE works as for every trait.
+    switch: str | None = None
 
     def value(self, given: object) -> str:
         text = str(given)

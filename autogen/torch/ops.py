@@ -122,7 +122,8 @@ def _dispatched_call(family_name: str):
 
 
 def _empty_like_output(output, values: dict, device):
-    dtype = values[output.dtype].dtype if output.dtype in values else getattr(torch, DTYPES[output.dtype].torch_name)
+    name = output.dtype_of(values)
+    dtype = values[name].dtype if name in values else getattr(torch, DTYPES[name].torch_name)
     return torch.empty(output.shape_of(values), dtype=dtype, device=device)
 
 
