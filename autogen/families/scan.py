@@ -50,7 +50,6 @@ from autogen.gpu.peers import torch_cuda, torch_stream_peer
 MAX_THREADS_PER_SM = 2048  # reduce_scan's grid: one wave of blocks of this many threads per SM
 SMALLEST_TILE = 128 * 4  # the smallest block_size x items_per_thread of the space
 MAX_RAKED = 4096  # raking keeps ROWS x BLOCK sums (plus padding) in static shared memory
-MAX_VECTOR_BYTES = 16
 DEPTH, CHAIN = 64, 4  # the float bound's additions inside a tile, and its allowance per tile chained
 FP32_UNIT = 2.0 ** -24
 EXACT_LIMIT = 2.0 ** 24  # integers up to this are exact in fp32
@@ -93,7 +92,7 @@ SPACE = Space(
               "the scan across a tile's threads: warp shuffles per row, or one warp raking over shared memory"),
         Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
         Param("items_per_thread", (4, 8, 16, 32), "ipt", "elements each thread scans per tile"),
-        Param("vector_width", (1, 2, 4, 8), "vw", "consecutive elements per load and store (at most 16 bytes a load)"),
+        Param("vector_width", (1, 2, 4, 8), "vw", "consecutive elements a thread loads and stores per row (in 16-byte accesses at most)"),
     ),
     constraints=(_items_fit_registers, _whole_vectors, _raking_fits),
 )
@@ -131,9 +130,6 @@ class Scan(Family):
         return "int64" if problem["acc_dtype"] == "int64" else problem.dtype
 
     def reject_reason(self, problem: Problem, config: Config) -> str | None:
-        load = config["vector_width"] * DTYPES[problem.dtype].itemsize
-        if load > MAX_VECTOR_BYTES:
-            return f"vector_width={config['vector_width']} loads {load} bytes of {problem.dtype} (at most 16)"
         if problem["acc_dtype"] == "int64" and config["items_per_thread"] > {1024: 4, 512: 8}.get(config["block_size"], 16):
             return f"int64 sums take two registers an item: items_per_thread={config['items_per_thread']} spills"
         size = tile(config)
