@@ -121,9 +121,10 @@ class Scan(Family):
     host_check_bytes = 0
     description = "out = cumsum(x), inclusive or exclusive; int32 (int32 or int64 sums), fp32, fp16, bf16"
 
-    def check_problem(self, problem: Problem) -> None:
-        if problem["acc_dtype"] == "int64" and problem.dtype != "int32":
-            raise UsageError(f"scan: acc_dtype int64 is for int32 x; {problem.dtype} is summed in fp32 (acc_dtype auto)")
+    def traits_reason(self, dtype: str, traits: tuple[tuple[str, str], ...]) -> str | None:
+        if dict(traits).get("acc_dtype") == "int64" and dtype != "int32":
+            return f"acc_dtype int64 is for int32 x; {dtype} is summed in fp32 (acc_dtype auto)"
+        return None
 
     @staticmethod
     def out_dtype(problem: Problem) -> str:

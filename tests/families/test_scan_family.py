@@ -134,3 +134,29 @@ def test_cli_help_and_bad_input():
     assert shown.returncode == 0 and "--exclusive" in shown.stdout and "--acc-dtype" in shown.stdout
     bad = subprocess.run(run + ["--n", "1000", "--dtype", "float16", "--acc-dtype", "int64"], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "int64" in bad.stderr
+
+
+def test_export_with_self_test_builds_for_sm90(tmp_path):
+    """`autogen export scan --self-test` from made-up winners (fp32 inclusive, int32 into int64
+    exclusive, bf16 by reduce-then-scan at a shape past the shipped data): the library and the
+    self-test (its hook included) build for sm_90 with warnings as errors."""
+    from test_export import H100, WERROR, build_library, run, run_export, store_winner
+    from nvcc_tools import nvcc_or_skip
+    from tuning_db import TuningDB
+
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    winners = [("float32", {"n": 4096, "scan": "inclusive", "acc_dtype": "auto"}, dict(FAMILY.default_params)),
+               ("int32", {"n": 1_000_003, "scan": "exclusive", "acc_dtype": "int64"},
+                {**FAMILY.default_params, "block_scan": "raking", "items_per_thread": 8}),
+               ("bfloat16", {"n": 2**22, "scan": "inclusive", "acc_dtype": "auto"},
+                {**FAMILY.default_params, "mode": "reduce_scan", "vector_width": 8})]
+    with TuningDB(url) as db:
+        for i, (dtype, dims, params) in enumerate(winners):
+            store_winner(db, H100, "scan", dims, params, 2.0 + i, 3.0 + i, dtype=dtype)
+    out = tmp_path / "out"
+    assert run_export("scan", "--out", str(out), "--gpu", H100.name, "--db", url, "--self-test") == 0
+    selftest = (out / "autogen_scan_selftest.cu").read_text()
+    assert "kExclusive = true" in selftest and "using Out = long long" in selftest
+    library = build_library(out / "autogen_scan.cu", "sm_90", tmp_path)
+    run([nvcc_or_skip(), "-arch=sm_90", "-std=c++17", "-O3", *WERROR, str(out / "autogen_scan_selftest.cu"),
+         str(library), "-o", str(tmp_path / "selftest")])
