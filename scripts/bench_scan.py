@@ -45,7 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def measure(cupy, torch, family, problem, params: dict, arch: str) -> dict:
     """Winner, CUB and torch.cumsum on the same cold input sets; each one's output checked once."""
     from autogen.families.cub_peers import cub_library
-    from autogen.families.scan import torch_cumsum_peer
+    from autogen.families.scan import torch_cumsum_into
+    from autogen.gpu.peers import as_tensor
     from autogen.gpu.device import device_identity, free_device_memory
     from autogen.gpu.measure import judge, timing_sets
 
@@ -67,12 +68,15 @@ def measure(cupy, torch, family, problem, params: dict, arch: str) -> dict:
     if cub is not None and problem.dtype in ("float32", "int32"):
         timed("cub", cub.scan_peer(cupy, problem.dtype, family.out_dtype(problem), problem["n"],
                                    problem["scan"] == "exclusive").run)
-    if torch is not None:
+    if torch is not None:  # in torch's own CUDA graph, on torch tensors viewing the same sets
         cupy.cuda.get_current_stream().synchronize()
-        peer = torch_cumsum_peer(problem, family.out_dtype(problem))
-        times["torch.cumsum"] = torch_graph_us(torch, lambda i: peer.run(sets[i]), k)
+        into = torch_cumsum_into(torch, problem["scan"] == "exclusive")
+        xs = [as_tensor(torch, s["x"], problem.dtype) for s in sets]
+        outs = [as_tensor(torch, s["out"], family.out_dtype(problem)) for s in sets]
+        times["torch.cumsum"] = torch_graph_us(torch, lambda i: into(xs[i], outs[i]), k)
         sets[0]["out"].fill(0)
-        peer.run(sets[0])
+        into(xs[0], outs[0])
+        torch.cuda.synchronize()
         checks["torch.cumsum"] = judge(family, problem, sets[0], expected, magnitude, cupy)[1] or "ok"
     del sets
     cupy.get_default_memory_pool().free_all_blocks()

@@ -389,20 +389,24 @@ DTYPES_UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 
 
 def torch_cumsum_peer(problem: Problem, out_dtype: str) -> Peer | None:
-    """torch.cumsum(x, 0, out=out) on the capturing stream; exclusive as cumsum of x[:-1] into
-    out[1:] and a zero out[0] (what torch offers: it has no exclusive scan)."""
+    """torch.cumsum(x, 0, out=out) on the capturing stream (torch_cumsum_into)."""
     torch = torch_cuda()
     if torch is None:
         return None
     exclusive = problem["scan"] == "exclusive"
-    dtypes = {"x": problem.dtype, "out": out_dtype}
+    into = torch_cumsum_into(torch, exclusive)
+    return torch_stream_peer(f"torch.cumsum{' (exclusive: shifted)' if exclusive else ''}",
+                             {"x": problem.dtype, "out": out_dtype}, lambda t: into(t["x"], t["out"]))
 
-    def call(t: dict) -> None:
-        x, out = t["x"], t["out"]
+
+def torch_cumsum_into(torch, exclusive: bool):
+    """(x, out) -> None: torch.cumsum(x, 0, out=out), nothing allocated; exclusive as cumsum of
+    x[:-1] into out[1:] and a zero out[0] (torch has no exclusive scan)."""
+    def into(x, out) -> None:
         if exclusive:
             out[:1].zero_()
             torch.cumsum(x[:-1], 0, out=out[1:])
         else:
             torch.cumsum(x, 0, out=out)
 
-    return torch_stream_peer(f"torch.cumsum{' (exclusive: shifted)' if exclusive else ''}", dtypes, call)
+    return into
