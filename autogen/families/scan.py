@@ -215,11 +215,13 @@ class Scan(Family):
                 "sums": xp.full((sum_words,), 0xFFFFFFFFFFFFFFFF, dtype=xp.uint64)}
 
     def reference(self, problem: Problem, inputs: dict, xp=np):
-        """The prefix sums: int64 (exact; int32 sums wrapped modulo 2^32) for int32 x, else float64."""
+        """The prefix sums in float64: for int32 x summed exactly in int64 (int32 sums wrapped
+        modulo 2^32), exact in float64 while below 2^53, as the cases' mean-zero data keeps them."""
         exclusive = problem["scan"] == "exclusive"
         if problem.dtype == "int32":
             sums = _shifted(xp, xp.cumsum(inputs["x"].astype(xp.int64)), exclusive)
-            return sums if problem["acc_dtype"] == "int64" else (sums + 2**31) % 2**32 - 2**31
+            sums = sums if problem["acc_dtype"] == "int64" else (sums + 2**31) % 2**32 - 2**31
+            return sums.astype(xp.float64)
         return _shifted(xp, xp.cumsum(to_float64(xp, inputs["x"], problem.dtype)), exclusive)
 
     def reference_magnitude(self, problem: Problem, inputs: dict, xp=np):
@@ -350,8 +352,8 @@ def scan_values(xp, rng, n: int, dtype: str, values: str):
 
 
 def exact_sums(xp, out, expected) -> tuple[float, str]:
-    """(0, "") when every output equals the int64 reference, else (inf, what differs)."""
-    wrong = xp.flatnonzero(out.astype(xp.int64) != expected)
+    """(0, "") when every output equals the (integer-valued) reference, else (inf, what differs)."""
+    wrong = xp.flatnonzero(out.astype(xp.int64) != expected.astype(xp.int64))
     if int(wrong.size):
         first = int(wrong[0])
         return math.inf, (f"{int(wrong.size)} of {out.size} sums differ (at {first}: got {int(out[first])}, "
