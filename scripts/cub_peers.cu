@@ -1,4 +1,4 @@
-// Benchmark-only CUB peers for the histogram and copy_if families, built by
+// Benchmark-only CUB peers for the histogram, copy_if and scan families, built by
 // scripts/bench_histogram_copy_if.py with the nvcc on PATH (CUDA 13 ships CUB):
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -o libautogen_cub_peers.so scripts/cub_peers.cu
@@ -8,6 +8,8 @@
 // else it enqueues the work on `stream` (no allocation, no synchronisation: safe inside stream
 // capture) and returns the cudaError_t of the enqueue.
 #include <cub/device/device_histogram.cuh>
+#include <cub/device/device_scan.cuh>
+#include <thrust/iterator/transform_iterator.h>
 #include <cub/device/device_select.cuh>
 
 #include <cuda_runtime.h>
@@ -48,4 +50,45 @@ extern "C" int autogen_cub_select_gt_f32(void* temp, size_t* temp_bytes, const f
                                          int n, float threshold, cudaStream_t stream)
 {
     return select_greater<float>(temp, temp_bytes, x, out, count, n, threshold, stream);
+}
+
+namespace {
+
+struct Widen {
+    __host__ __device__ __forceinline__ long long operator()(int v) const { return (long long)v; }
+};
+
+// out = the inclusive (or, when `exclusive`, exclusive) prefix sums of x: DeviceScan's sums in
+// the input's type (In), or int32 x widened to int64 on the fly (Out = long long).
+template <class In, class Out>
+int prefix_sum(void* temp, size_t* temp_bytes, const In* x, Out* out, int n, int exclusive, cudaStream_t stream)
+{
+    if constexpr (sizeof(In) == sizeof(Out)) {
+        return exclusive ? (int)cub::DeviceScan::ExclusiveSum(temp, *temp_bytes, x, out, n, stream)
+                         : (int)cub::DeviceScan::InclusiveSum(temp, *temp_bytes, x, out, n, stream);
+    } else {
+        const auto wide = thrust::make_transform_iterator(x, Widen{});
+        return exclusive ? (int)cub::DeviceScan::ExclusiveSum(temp, *temp_bytes, wide, out, n, stream)
+                         : (int)cub::DeviceScan::InclusiveSum(temp, *temp_bytes, wide, out, n, stream);
+    }
+}
+
+}  // namespace
+
+extern "C" int autogen_cub_scan_f32(void* temp, size_t* temp_bytes, const float* x, float* out, int n, int exclusive,
+                                    cudaStream_t stream)
+{
+    return prefix_sum(temp, temp_bytes, x, out, n, exclusive, stream);
+}
+
+extern "C" int autogen_cub_scan_i32(void* temp, size_t* temp_bytes, const int* x, int* out, int n, int exclusive,
+                                    cudaStream_t stream)
+{
+    return prefix_sum(temp, temp_bytes, x, out, n, exclusive, stream);
+}
+
+extern "C" int autogen_cub_scan_i32_i64(void* temp, size_t* temp_bytes, const int* x, long long* out, int n,
+                                        int exclusive, cudaStream_t stream)
+{
+    return prefix_sum(temp, temp_bytes, x, out, n, exclusive, stream);
 }

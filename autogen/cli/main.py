@@ -116,6 +116,9 @@ def _add_family_args(parser: argparse.ArgumentParser, family, many: bool = False
         group.add_argument(flag, dest=trait.name, metavar=trait.name.upper(),
                            type=lambda text, f=flag, t=trait: trait_text(text, t, f),
                            help=_literal(f"{trait.help} (one of {', '.join(trait.choices)}; default {trait.choices[0]})"))
+        if trait.switch:
+            group.add_argument(dim_flag(trait.switch), dest=trait.name, action="store_const", const=trait.choices[1],
+                               help=_literal(f"the same as {flag} {trait.choices[1]}"))
     group.add_argument("--dtype", choices=family.dtypes, help=_literal(f"element type (default {family.dtypes[0]})"))
     if many:
         group.add_argument("--shapes", type=Path, metavar="FILE",

@@ -34,6 +34,7 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     DType("bfloat16", "bf16", "unsigned short", "uint16", 2, "float", "bfloat16"),
     DType("float64", "f64", "double", "float64", 8, "float", "float64"),
     DType("int32", "i32", "int", "int32", 4, "int", "int32"),
+    DType("int64", "i64", "long long", "int64", 8, "int", "int64"),
     DType("uint32", "u32", "unsigned int", "uint32", 4, "uint", "uint32"),
     DType("uint8", "u8", "unsigned char", "uint8", 1, "uint", "uint8"),
 )}

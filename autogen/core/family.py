@@ -71,6 +71,9 @@ class Trait:
     # value is then part of the kernel's name and a variable of its template. False when it
     # only describes the data the kernel is tuned for (a histogram's value distribution).
     code: bool = False
+    # A two-choice trait may name a command-line switch: --<switch>, taking no value, selects
+    # the second choice (scan's --exclusive); --<name> VALUE works as for every trait.
+    switch: str | None = None
 
     def value(self, given: object) -> str:
         text = str(given)
@@ -188,12 +191,20 @@ class Family:
         for trait in self.traits:
             values.append((trait.name, trait.value(dims.get(trait.name, trait.choices[0]))))
         problem = Problem(self.name, dtype, tuple(values))
+        reason = self.traits_reason(dtype, problem.traits)
+        if reason:
+            raise UsageError(f"{self.name}: {reason}")
         self.check_problem(problem)
         return problem
 
     def check_problem(self, problem: Problem) -> None:
         """Raise UsageError for a shape the family cannot compute (e.g. a bias size that does
         not divide n). Default: every shape is fine."""
+
+    def traits_reason(self, dtype: str, traits: tuple[tuple[str, str], ...]) -> str | None:
+        """Why these trait values cannot go with this dtype (scan's int64 sums of float x), or
+        None: problem() refuses such a problem, and an export makes no entry point for it."""
+        return None
     def tolerance_for(self, problem: Problem) -> float:
         """The relative error a variant may show on this problem (families with several dtypes
         may differ per dtype), before what half outputs' types add (representable_error)."""

@@ -61,12 +61,18 @@ class Output:
 
     name: str
     shape: Callable[..., tuple]
-    dtype: str
+    dtype: str | Callable[..., str]  # or a function of operands giving one (cumsum's acc_dtype)
     read_when: str | None = None
 
     def shape_of(self, values: dict) -> tuple:
         wanted = inspect.signature(self.shape).parameters
         return tuple(self.shape(**{name: values[name] for name in wanted}))
+
+    def dtype_of(self, values: dict) -> str:
+        """A tensor operand's name or an autogen dtype name, for these operand values."""
+        if not callable(self.dtype):
+            return self.dtype
+        return self.dtype(**{name: values[name] for name in inspect.signature(self.dtype).parameters})
 
 
 @dataclass(frozen=True)
@@ -174,12 +180,13 @@ def check_signature(family, where: str) -> OpSignature:
         if not isinstance(parameter, (Tensor, TensorList, Scalar)):
             raise FamilyError(f"{where}: op_signature operands are Tensor, TensorList or Scalar, not {type(parameter).__name__}")
     for output in signature.outputs:
-        if output.dtype not in tensors and output.dtype not in DTYPES:
+        if not callable(output.dtype) and output.dtype not in tensors and output.dtype not in DTYPES:
             raise FamilyError(f"{where}: output {output.name!r} has dtype {output.dtype!r}: a tensor operand's "
                               "name or an autogen dtype")
         if output.read_when is not None and output.read_when not in scalars:
             raise FamilyError(f"{where}: output {output.name!r} is read when {output.read_when!r}, not a scalar")
-        unknown = [n for n in inspect.signature(output.shape).parameters if n not in tensors | scalars]
+        unknown = [n for f in (output.shape, output.dtype) if callable(f)
+                   for n in inspect.signature(f).parameters if n not in tensors | scalars]
         if unknown:
             raise FamilyError(f"{where}: the shape of output {output.name!r} uses {', '.join(unknown)}, "
                               "not operands of the call")

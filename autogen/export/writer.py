@@ -361,6 +361,8 @@ def build_model(family: Family, winners: Sequence[WinnerRecord], arch: str | Non
     trait_sets = [tuple(zip((t.name for t in family.traits), values))
                   for values in itertools.product(*(t.choices for t in family.traits))]
     for dtype, traits in itertools.product(family.dtypes, trait_sets):
+        if family.traits_reason(dtype, traits):
+            continue  # no such problem: no entry point
         # Sorted by shape key: the Python dispatcher breaks distance ties by the smaller key.
         shapes = tuple(sorted((s for s in tuned if s.problem.dtype == dtype and s.problem.traits == traits),
                               key=lambda s: s.problem.shape_key))

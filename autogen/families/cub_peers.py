@@ -1,7 +1,8 @@
-"""CUB peers of histogram and copy_if from the benchmark's nvcc build (scripts/cub_peers.cu).
+"""CUB peers of histogram, copy_if and scan from the benchmark's nvcc build (scripts/cub_peers.cu).
 
-CuPy reaches no CUB select and only HistogramRange (over float bin edges) for histograms, so the
-benchmark builds CUB's DeviceHistogram::HistogramEven and DeviceSelect::If into a shared library
+CuPy reaches no CUB select and only HistogramRange (over float bin edges) for histograms, and its
+cumsum goes through CUB only where CUPY_ACCELERATORS names it (and never int32 into int64), so the
+benchmark builds CUB's DeviceHistogram::HistogramEven, DeviceSelect::If and DeviceScan into a shared library
 and names it in AUTOGEN_CUB_PEERS; these peers then run it through ctypes on CuPy's current
 stream with preallocated temporary storage: no allocation, no synchronisation, safe inside
 stream capture (so timed by the same CUDA-graph method as autogen's kernels). Without the
@@ -27,8 +28,15 @@ class CubPeers:
         self.lib.autogen_cub_histogram_even_i32.argtypes = [p, size_p, p, p, ctypes.c_int, ctypes.c_int, p]
         self.lib.autogen_cub_select_gt_i32.argtypes = [p, size_p, p, p, p, ctypes.c_int, ctypes.c_int, p]
         self.lib.autogen_cub_select_gt_f32.argtypes = [p, size_p, p, p, p, ctypes.c_int, ctypes.c_float, p]
-        for name in ("autogen_cub_histogram_even_i32", "autogen_cub_select_gt_i32", "autogen_cub_select_gt_f32"):
+        for name in self.SCANS.values():
+            getattr(self.lib, name).argtypes = [p, size_p, p, p, ctypes.c_int, ctypes.c_int, p]
+        for name in ("autogen_cub_histogram_even_i32", "autogen_cub_select_gt_i32", "autogen_cub_select_gt_f32",
+                     *self.SCANS.values()):
             getattr(self.lib, name).restype = ctypes.c_int
+
+    # (x dtype, out dtype) -> the DeviceScan entry point of scripts/cub_peers.cu
+    SCANS = {("float32", "float32"): "autogen_cub_scan_f32", ("int32", "int32"): "autogen_cub_scan_i32",
+             ("int32", "int64"): "autogen_cub_scan_i32_i64"}
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -63,6 +71,19 @@ class CubPeers:
                            inputs["count"].data.ptr, n, scalar(inputs["threshold"]), stream), "DeviceSelect::If")
 
         return Peer("CUB DeviceSelect::If", run)
+
+
+    def scan_peer(self, cupy, dtype: str, out_dtype: str, n: int, exclusive: bool) -> Peer:
+        fn = getattr(self.lib, self.SCANS[(dtype, out_dtype)])
+        flag = int(exclusive)
+        temp, size = self._temp(cupy, lambda s: fn(None, s, None, None, n, flag, None))
+
+        def run(inputs: dict) -> None:
+            stream = cupy.cuda.get_current_stream().ptr
+            self._check(fn(temp.data.ptr, ctypes.byref(size), inputs["x"].data.ptr, inputs["out"].data.ptr,
+                           n, flag, stream), "DeviceScan")
+
+        return Peer(f"CUB DeviceScan::{'Exclusive' if exclusive else 'Inclusive'}Sum", run)
 
 
 @functools.lru_cache(maxsize=1)

@@ -127,9 +127,10 @@ def _dispatched_call(family_name: str):
 
 
 def _empty_like_output(output, values: dict, device):
-    like = values.get(output.dtype)
-    like = like[0] if isinstance(like, (list, tuple)) else like
-    dtype = like.dtype if like is not None else getattr(torch, DTYPES[output.dtype].torch_name)
+    name = output.dtype_of(values)
+    like = values.get(name)
+    like = like[0] if isinstance(like, (list, tuple)) else like  # a Tensor[] input: its first
+    dtype = like.dtype if like is not None else getattr(torch, DTYPES[name].torch_name)
     return torch.empty(output.shape_of(values), dtype=dtype, device=device)
 
 
