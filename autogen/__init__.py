@@ -30,6 +30,20 @@ def call(family, *args, stream=None, pdl=False, **kwargs):
     return _call(get_family(family).name, args, kwargs, stream, pdl)
 
 
+def tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs):
+    """Tune one CUDA kernel with Kernel Tuner's arguments; returns (results, env) with .best
+    (autogen.search.kernel_tune.tune_kernel; docs/tune_kernel.md)."""
+    from autogen.search.kernel_tune import tune_kernel as _tune_kernel
+    return _tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs)
+
+
+def kernel_family(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs):
+    """Define (register) the family of a kernel tuned with tune_kernel, with the same arguments:
+    how a later process serves it (autogen.core.kernel_family.kernel_family)."""
+    from autogen.core.kernel_family import kernel_family as _kernel_family
+    return _kernel_family(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs)
+
+
 def __getattr__(name: str):
     # autogen.sgemv and the other per-family calls come from the registry, so that adding a
     # family edits no core module. The function is cached here after the first access.
@@ -54,4 +68,4 @@ def _call_function(family_name: str, api: str, doc: str | None):
 from autogen.core.registry import family_for_api  # noqa: E402
 
 __all__ = ["Family", "Launch", "Param", "Peer", "Space", "Step", "Trait", "all_families", "call", "get_family",
-           "lookup", "register", "__version__"]
+           "kernel_family", "lookup", "register", "tune_kernel", "__version__"]
