@@ -154,7 +154,7 @@ def _check_family(args):
         sizes = args.problem_size or [1]
         definition = _kernel_definition(args, target, sizes)
         # Checking needs no data: a placeholder argument when none is described.
-        arguments = args.args if args.args is not None else "int32=1"
+        arguments = args.args if args.args is not None else "float32=0"
         if args.define:
             from autogen.search.kernel_tune import with_compiler_defines
             definition["kernel_source"] = with_compiler_defines(target, [f"-D{d}" for d in args.define])
@@ -199,16 +199,16 @@ def cmd_check(args) -> int:
 
 
 def _covering_sample(family, rendered: list, limit: int) -> list:
-    """Rendered points, at most `limit`, that together hold every parameter's every value
-    where `limit` allows (the first point holding a value not yet held is taken)."""
-    wanted = {(name, value) for p in family.space.params for name, value in ((p.name, c) for c in p.choices)}
-    sample = []
+    """Rendered points, at most `limit`: first those that together hold every parameter's every
+    value where `limit` allows (the first point holding a value not yet held is taken), then
+    the others in order."""
+    wanted = {(p.name, c) for p in family.space.params for c in p.choices}
+    covering, others = [], []
     for item in rendered:
         held = set(item[2].params) & wanted
-        if held and len(sample) < limit:
-            sample.append(item)
-            wanted -= held
-    return sample or rendered[:limit]
+        (covering if held else others).append(item)
+        wanted -= held
+    return (covering + others)[:limit]
 
 
 def _compiled(kernel_resources, item, arch: str, nvcc: str, family) -> dict:
