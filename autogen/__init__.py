@@ -13,6 +13,7 @@ your own is a Family subclass decorated with @autogen.register (see README, "Tun
 from autogen._version import __version__  # noqa: E402
 
 from autogen.core.family import Family, Launch, Peer, Step, Trait
+from autogen.core.kernel_family import kernel_family  # noqa: E402  (a kernel tuned by tune_kernel, defined again)
 from autogen.core.registry import all_families, get_family, register  # noqa: E402
 from autogen.core.space import Param, Space  # noqa: E402
 
@@ -35,13 +36,6 @@ def tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params
     (autogen.search.kernel_tune.tune_kernel; docs/tune_kernel.md)."""
     from autogen.search.kernel_tune import tune_kernel as _tune_kernel
     return _tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs)
-
-
-def kernel_family(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs):
-    """Define (register) the family of a kernel tuned with tune_kernel, with the same arguments:
-    how a later process serves it (autogen.core.kernel_family.kernel_family)."""
-    from autogen.core.kernel_family import kernel_family as _kernel_family
-    return _kernel_family(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs)
 
 
 def __getattr__(name: str):

@@ -9,10 +9,11 @@ import itertools
 from pathlib import Path
 
 from autogen.cli.options import int_list, strict_float, strict_int
+from autogen.core.kernel_family import kernel_family
 from autogen.core.kernel_spec import IDENTIFIER
 from autogen.core.registry import get_family
-from autogen.core.render import render
 from autogen.errors import AutogenError, UsageError
+from autogen.gpu.resources import kernel_resources, nvcc_path
 from autogen.report import to_json
 
 STRATEGIES = ("brute_force", "random_sample", "bayes_opt")
@@ -149,8 +150,6 @@ def cmd_tune_kernel(args) -> int:
 def _check_family(args):
     target = Path(args.target)
     if args.target.endswith(".cu") or target.is_file():
-        from autogen.core.kernel_family import kernel_family
-
         sizes = args.problem_size or [1]
         definition = _kernel_definition(args, target, sizes)
         # Checking needs no data: a placeholder argument when none is described.
@@ -163,7 +162,7 @@ def _check_family(args):
 
 
 def cmd_check(args) -> int:
-    from autogen.gpu.resources import kernel_resources, nvcc_path
+    from autogen.core.render import render  # Jinja2: off the CLI's start
 
     family = _check_family(args)
     nvcc = nvcc_path()
@@ -178,7 +177,7 @@ def cmd_check(args) -> int:
                     render_failures.append({"kernel": family.kernel_name(dtype, config, traits), "error": str(exc)})
     sample = _covering_sample(family, rendered, max(1, args.sample))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        compiled = list(pool.map(lambda item: _compiled(kernel_resources, item, args.arch, nvcc, family), sample))
+        compiled = list(pool.map(lambda item: _compiled(item, args.arch, nvcc, family), sample))
     compile_failures = [c for c in compiled if "error" in c]
     spills = [c for c in compiled if c.get("spill_store_bytes") or c.get("spill_load_bytes")]
     doc = {"family": family.name, "points": len(rendered) + len(render_failures), "render_failures": render_failures,
@@ -211,7 +210,7 @@ def _covering_sample(family, rendered: list, limit: int) -> list:
     return (covering + others)[:limit]
 
 
-def _compiled(kernel_resources, item, arch: str, nvcc: str, family) -> dict:
+def _compiled(item, arch: str, nvcc: str, family) -> dict:
     dtype, traits, config, source = item
     name = family.kernel_name(dtype, config, traits)
     try:
