@@ -13,6 +13,7 @@ your own is a Family subclass decorated with @autogen.register (see README, "Tun
 from autogen._version import __version__  # noqa: E402
 
 from autogen.core.family import Family, Launch, Peer, Step, Trait
+from autogen.core.kernel_family import kernel_family  # noqa: E402  (a kernel tuned by tune_kernel, defined again)
 from autogen.core.registry import all_families, get_family, register  # noqa: E402
 from autogen.core.space import Param, Space  # noqa: E402
 
@@ -28,6 +29,13 @@ def call(family, *args, stream=None, pdl=False, **kwargs):
     best kernel autogen has for this GPU and shape."""
     from autogen.runtime.dispatch import call as _call
     return _call(get_family(family).name, args, kwargs, stream, pdl)
+
+
+def tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs):
+    """Tune one CUDA kernel with Kernel Tuner's arguments; returns (results, env) with .best
+    (autogen.search.kernel_tune.tune_kernel; docs/tune_kernel.md)."""
+    from autogen.search.kernel_tune import tune_kernel as _tune_kernel
+    return _tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params, *args, **kwargs)
 
 
 def __getattr__(name: str):
@@ -54,4 +62,4 @@ def _call_function(family_name: str, api: str, doc: str | None):
 from autogen.core.registry import family_for_api  # noqa: E402
 
 __all__ = ["Family", "Launch", "Param", "Peer", "Space", "Step", "Trait", "all_families", "call", "get_family",
-           "lookup", "register", "__version__"]
+           "kernel_family", "lookup", "register", "tune_kernel", "__version__"]

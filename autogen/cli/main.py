@@ -21,6 +21,7 @@ from pathlib import Path
 
 from autogen._version import __version__
 from autogen.cli.commands import cmd_bench, cmd_db, cmd_export, cmd_list, cmd_show
+from autogen.cli.kernel_commands import add_commands as add_kernel_commands, cmd_check, cmd_tune_kernel
 from autogen.cli.options import (check_db_url, dim_flag, int_list, MAX_SHAPES_BYTES, signed_int, strict_float,
                                  strict_int, trait_text)
 from autogen.cli.tune_model import cmd_tune_model
@@ -34,7 +35,7 @@ from autogen.search.lease import MAX_LEASE_S
 from autogen.torch.models import PRESETS
 
 FAMILY_COMMANDS = ("tune", "bench", "show")
-COMMANDS = ("tune", "bench", "list", "show", "export", "db", "tune-model")
+COMMANDS = ("tune", "bench", "list", "show", "export", "db", "tune-model", "tune-kernel", "check")
 STDOUT_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a process that SIGPIPE ended
 
 
@@ -222,6 +223,8 @@ def build_parser(family=None) -> argparse.ArgumentParser:
     export.add_argument("--json", action="store_true", help="print what was exported as JSON")
     _add_db_arg(export)
 
+    add_kernel_commands(subcommands, _add_db_arg)  # tune-kernel, check
+
     db = subcommands.add_parser("db", help="database maintenance")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     upgrade = db_commands.add_parser("upgrade", help="apply schema migrations")
@@ -239,7 +242,7 @@ def _named_family(argv: list[str]):
 # Commands that ask the GPU's driver for the device (tune and bench, cold or answered from the
 # database): its initialisation (cuInit, a large share of a warm command) is started first, on a
 # thread, and where no stack record holds, the child process that makes one.
-GPU_COMMANDS = ("tune", "bench", "tune-model")
+GPU_COMMANDS = ("tune", "bench", "tune-model", "tune-kernel")
 
 
 def _start_gpu_preparation() -> None:
@@ -264,7 +267,7 @@ def _start_gpu_preparation() -> None:
 
 
 HANDLERS = {"tune": cmd_tune, "tune-model": cmd_tune_model, "bench": cmd_bench, "list": cmd_list, "show": cmd_show,
-            "export": cmd_export, "db": cmd_db}
+            "export": cmd_export, "db": cmd_db, "tune-kernel": cmd_tune_kernel, "check": cmd_check}
 
 
 def run(args) -> int:

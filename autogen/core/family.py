@@ -159,6 +159,12 @@ class Family:
         hook = f"{folder}/selftest.cu.j2" if folder and file == "kernel.cu.j2" else None
         return hook if hook and any((d / hook).is_file() for d in self.template_dirs()) else None
 
+    def worker_recipe(self) -> tuple | None:
+        """How a child process (the tuner's GPU worker) registers this family where importing its
+        module does not: (module, function, keyword arguments), picklable, called there by
+        autogen.core.registry.recreate. None (the default): importing `module` registers it."""
+        return None
+
     def template_dirs(self) -> list[Path]:
         """Where this family's templates are looked up: beside its module, then autogen's."""
         here = Path(sys.modules[self.module].__file__).resolve().parent

@@ -158,6 +158,8 @@ def _check_templates_exist(family: Family, where: str) -> None:
     module = sys.modules.get(family.module)
     if family.module.startswith(BUILTIN_PACKAGE + ".") or getattr(module, "__file__", None) is None:
         return  # (no file: defined interactively; its templates are looked up in autogen's folder alone)
+    if getattr(family, "render_source", None) is not None:
+        return  # rendered from its own source text (autogen.core.kernel_family), not a template file
     folders = family.template_dirs()
     for template in (family.template, family.selftest_template):
         if template is not None and not any((folder / template).is_file() for folder in folders):
@@ -192,6 +194,14 @@ def check_family_renders(family) -> None:
                 raise FamilyError(f"{describe_family(family)}: its default point does not render "
                                   f"({type(exc).__name__}: {exc})") from None
     _rendered_once.add(key)
+
+
+def recreate(recipe: tuple) -> None:
+    """Register a family in a child process (the tuner's GPU worker) the way its parent made it:
+    `recipe` is Family.worker_recipe()'s (module, function, keyword arguments), from the parent
+    process that defined the family, never from stored data."""
+    module, function, kwargs = recipe
+    getattr(importlib.import_module(module), function)(**kwargs)
 
 
 def _load_builtins() -> None:

@@ -106,7 +106,18 @@ def render(family, dtype: str, config: Config, host_launcher: bool = False,
             raise ValueError(f"{family.name} has no programmatic-dependent-launch variant")
         variables["pdl"] = "on"
         variables["kernel_name"] = variables["kernel_name"] + PDL_SUFFIX
-    return render_template(family.template, variables, family)
+    own = getattr(family, "render_source", None)  # a family made from source text, not a template file
+    return own(variables) if own is not None else render_template(family.template, variables, family)
+
+
+def render_string(text: str, variables: dict, family) -> str:
+    """Jinja2 text (not a file: a kernel source given as a string) under StrictUndefined; an
+    error is a FamilyError naming the family."""
+    try:
+        return _environment(tuple(str(f) for f in family.template_dirs())).from_string(text).render(**variables)
+    except Exception as exc:
+        raise _family_error(family, f"its source as a Jinja2 template: {type(exc).__name__}: "
+                                    f"{getattr(exc, 'message', None) or exc}") from None
 
 
 def source_hash(source: str, options: tuple[str, ...] = ()) -> str:

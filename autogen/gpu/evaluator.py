@@ -5,13 +5,14 @@ cross the pipe between that process and the tuner."""
 from __future__ import annotations
 
 import importlib
+import pickle
 import secrets
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from autogen.core.registry import get_family
+from autogen.core.registry import get_family, recreate
 from autogen.gpu import roofline
 from autogen.gpu.device import device_identity, free_device_memory, require_cupy
 from autogen.gpu.measure import (build_timer, EARLY_FACTOR, REPLAYS, sample_until, time_enqueue, time_into,
@@ -29,10 +30,16 @@ class WorkSpec:
     # the registry of the process that makes the spec when not given.
     family_module: str = ""
     device_index: int | None = None  # the GPU (ordinal as this process sees them); None: the current one
+    # Family.worker_recipe() pickled, for a family that importing its module does not register
+    # (autogen.core.kernel_family's); b"" for every other.
+    family_recipe: bytes = b""
 
     def __post_init__(self):
         if not self.family_module:
             object.__setattr__(self, "family_module", get_family(self.family).module)
+        if not self.family_recipe:
+            recipe = get_family(self.family).worker_recipe()
+            object.__setattr__(self, "family_recipe", pickle.dumps(recipe) if recipe is not None else b"")
 
     @classmethod
     def of(cls, problem, cache_mode: str = "cold", device_index: int | None = None) -> "WorkSpec":
@@ -99,6 +106,8 @@ class Evaluator:
     def __init__(self, spec: WorkSpec):
         began = time.monotonic()
         importlib.import_module(spec.family_module)  # registers a user's family in this process too
+        if spec.family_recipe:
+            recreate(pickle.loads(spec.family_recipe))  # the parent's own definition of its family
         self.cupy = require_cupy()
         imported = time.monotonic()
         self.cupy.cuda.runtime.free(0)  # creates the CUDA context now, where it is timed
