@@ -113,6 +113,26 @@ def _split_on_tensor_cores(p) -> str | None:
     return None
 
 
+
+# min_blocks is tried where it bounds a thread to at most 128 of an SM's 64K registers (sm_80, sm_90).
+REGISTERS_PER_SM = 65536
+BOUND_THREADS = REGISTERS_PER_SM // 128
+
+
+def _tensor_core_registers(p) -> str | None:
+    # A second register set of A, and a register bound, change the mma loop only (the CUDA-core
+    # loops keep theirs: docs/families/hgemv.md, a_buffers and min_blocks).
+    if p["x_path"] != "mma" and (p["a_buffers"] != 1 or p["min_blocks"] != 1):
+        return "a_buffers and min_blocks shape the tensor-core loop: x_path=mma only"
+    threads = p["min_blocks"] * 32 * p["warps_per_block"]
+    if p["min_blocks"] > 1 and threads < BOUND_THREADS:
+        return (f"min_blocks={p['min_blocks']} blocks of {32 * p['warps_per_block']} threads leave each "
+                f"over {REGISTERS_PER_SM // threads} registers: no bound")
+    # Bounded to 80 registers (3 blocks of 256 threads), two sets of A or 4 steps of it spill.
+    if p["min_blocks"] >= 3 and (p["a_buffers"] == 2 or p["rows_per_group"] * p["unroll"] > 2):
+        return "min_blocks=3 spills A's registers: a_buffers=1 and rows_per_group * unroll <= 2 only"
+    return None
+
 # Each parameter in full: docs/families/hgemv.md, "Parameters".
 SPACE = Space(
     params=(
@@ -142,9 +162,15 @@ SPACE = Space(
         Param("split_k", (1, 2, 4, 8), "sk",
               "blocks of a cluster splitting the columns of a block of row tiles (sm_90; x_path=mma)",
               added_with_default=1),
+        Param("a_buffers", (1, 2), "ab",
+              "register sets of A (x_path=mma): 2 requests the next chunk's A before this chunk's mma",
+              added_with_default=1),
+        Param("min_blocks", (1, 2, 3), "mb",
+              "blocks per SM the registers are bounded for (__launch_bounds__; x_path=mma); 1: no bound",
+              added_with_default=1),
     ),
     constraints=(row_fits_block, reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers,
-                 _schedule_has_steps, _tail_peels_one_vector, _peeled_rows_stage_x, _split_on_tensor_cores),
+                 _schedule_has_steps, _tail_peels_one_vector, _peeled_rows_stage_x, _split_on_tensor_cores, _tensor_core_registers),
 )
 
 
@@ -232,7 +258,8 @@ class Hgemv(GemvFamily):
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
-                      "tail": "checked", "row_align": "scalar", "split_k": 1}
+                      "tail": "checked", "row_align": "scalar", "split_k": 1,
+                      "a_buffers": 1, "min_blocks": 1}
     op_signature = OpSignature((Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
                                (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
     c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"  # f16/bf16
