@@ -31,46 +31,40 @@ from benchlib import num, table, write_results
 
 SHAPES = [(3000, 4099), (11008, 4097), (4096, 11007), (5120, 5121), (1000, 4103)]
 BATCHES = [1, 2, 3, 4, 8]
-EXTRA = [("bfloat16", 5120, 5120, 8)]  # aligned: the batch-8 figure of the issue
+# The bfloat16 problems measured beside the float16 ones: the aligned batch-8 figure of the issue,
+# and the smallest shape at both ends of the batches.
+EXTRA = [("bfloat16", 5120, 5120, 8), ("bfloat16", 1000, 4103, 1), ("bfloat16", 1000, 4103, 8)]
 
-ONE_VECTOR = [dict(threads_per_row=32, pack_width=8, warps_per_block=4, rows_per_group=1, unroll=4),
-              dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=2, unroll=2),
-              dict(threads_per_row=256, pack_width=8, warps_per_block=8, rows_per_group=2, unroll=2,
-                   reduce="smem")]
+# The tensor-core configs (each one row group per block, so each also split): those that won or
+# came second on some problem of the previous run of this harness (docs/history/families.md). The
+# read-only-path and shared-memory forms of one vector, and tpr128 wpb8, won none there.
 TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, unroll=4),
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, unroll=2),
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=2, unroll=2),
-                dict(threads_per_row=128, warps_per_block=8, rows_per_group=2, unroll=2),
                 dict(threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2)]
 
 
 SPLITS = (2, 4, 8)
 SIDES = ("prev", "ab2", "mb", "ab2mb")
 # The new forms of each tensor-core config: (side, a_buffers, min_blocks, split_k choices).
-NEW_FORMS = (("ab2", 2, 1, (1, 2, 4)), ("mb", 1, 2, (1,)), ("mb", 1, 3, (1,)), ("ab2mb", 2, 2, (1,)))
+NEW_FORMS = (("ab2", 2, 1, (1, 2)), ("mb", 1, 2, (1,)), ("mb", 1, 3, (1,)), ("ab2mb", 2, 2, (1,)))
 
 
 def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
-    """(side, params) for one batch: the forms the search had (rows peeled where n % 8 != 0, both
-    ways on aligned rows; tensor-core configs of one row group per block also split over 2, 4
-    and 8 blocks), then the new forms of each tensor-core config (NEW_FORMS)."""
+    """(side, params) for one batch: the tensor-core forms the search had (rows peeled where
+    n % 8 != 0, both ways on aligned rows; also split over 2, 4 and 8 blocks), then the new forms
+    of each (NEW_FORMS)."""
     from autogen.families.hgemv import batch_tile_for
 
     tile = batch_tile_for(batch)
     row_aligns = ("peeled",) if n % 8 else ("scalar", "peeled")
     rows = []
     for mma in TENSOR_CORES:
-        one_group = mma["threads_per_row"] == 32 * mma["warps_per_block"]
         for row_align in row_aligns:
             base = dict(mma, x_path="mma", pack_width=8, batch_tile=tile, row_align=row_align)
-            rows += [("prev", dict(base, split_k=split)) for split in (1, *SPLITS) if split == 1 or one_group]
+            rows += [("prev", dict(base, split_k=split)) for split in (1, *SPLITS)]
             rows += [(side, dict(base, a_buffers=buffers, min_blocks=blocks, split_k=split))
-                     for side, buffers, blocks, splits in NEW_FORMS for split in splits if split == 1 or one_group]
-    if batch == 1:
-        for params in ONE_VECTOR:
-            rows += [("prev", dict(params, x_path="smem", row_align="peeled"))]
-            if n % 8 == 0:
-                rows += [("prev", dict(params, x_path="ldg", row_align="scalar"))]
+                     for side, buffers, blocks, splits in NEW_FORMS for split in splits]
     return rows
 
 
@@ -164,10 +158,11 @@ def parse_list(text: str | None, item) -> list | None:
 
 
 def problems(dtypes: list[str], shapes: list[tuple[int, int]] | None, batches: list[int] | None) -> list[tuple]:
-    """(dtype, m, n, batch) to measure, the issue's figures first; EXTRA unless shapes are chosen."""
+    """(dtype, m, n, batch) to measure: float16's first (batches 1, 3, 8 first), then EXTRA (unless
+    shapes are chosen), then the other bfloat16 ones."""
     todo = [(d, m, n, b) for b in batches or BATCHES for d in dtypes for m, n in shapes or SHAPES]
-    todo += [p for p in EXTRA if shapes is None and p[0] in dtypes and p[3] in (batches or BATCHES)]
-    return sorted(todo, key=lambda p: (p[3] not in (1, 3, 8), p[0] != "float16"))
+    todo += [p for p in EXTRA if shapes is None and p[0] in dtypes and p[3] in (batches or BATCHES) and p not in todo]
+    return sorted(todo, key=lambda p: (p[0] != "float16", p not in EXTRA, p[3] not in (1, 3, 8)))
 
 
 def timed_configs(family, problem, dtype: str, n: int, batch: int) -> tuple[dict, list]:
