@@ -52,8 +52,9 @@ def variants(family, bases: list[dict], varied: list[tuple[str, list[str]]]) -> 
     return configs
 
 
-def ab_problem(family, problem, configs, rounds: int) -> dict:
-    """Validate, then re-time every config interleaved, and time the peer, for one problem."""
+def ab_problem(family, problem, configs, rounds: int, probe=None) -> dict:
+    """Validate, then re-time every config interleaved, and time the peer, for one problem; with
+    `probe` (evaluator -> dict), its figures timed on the same input sets join the row."""
     from autogen.gpu import roofline
     from autogen.gpu.compile import compile_many
     from autogen.gpu.device import device_identity
@@ -88,6 +89,8 @@ def ab_problem(family, problem, configs, rounds: int) -> dict:
                               ceilings.copy_gbs, ceilings.fp32_tflops)
     row["copy_gbs"], row["floor_us"] = round(ceilings.copy_gbs, 1), floor and round(floor, 3)
     row["gpu"] = evaluator.device.name
+    if probe is not None:
+        row.update(probe(evaluator))
     return row
 
 

@@ -21,6 +21,9 @@ from autogen.core.space import Param, Space
 from autogen.errors import ArgumentError
 from autogen.families._gemv import (gemv_arguments, gemv_shapes, GemvFamily, overshoot_reason,
                                     reduce_only_across_warps, row_fits_block)
+from autogen.families._hgemv_constraints import (mma_shape, peeled_rows_stage_x, schedule_has_steps,
+                                               split_on_tensor_cores, tail_peels_one_vector,
+                                               tensor_core_registers, values_fit_registers, x_tile_fits)
 from autogen.gpu.device import sm_count
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
@@ -37,81 +40,6 @@ SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126}
 # The "large" case: one product fits fp16 (240^2 < 65504), four summed do not (4 * 128^2): a
 # kernel accumulating in half precision returns inf; alpha = 2^-ceil(log2 n) keeps y finite.
 LARGE_LOW, LARGE_HIGH = 128.0, 240.0
-
-X_TILE_BYTES = 32 * 1024  # x_path=smem stages tpr*pw*u columns x batch_tile floats; at most this
-
-
-def _x_tile_fits(p) -> str | None:
-    columns = p["threads_per_row"] * p["pack_width"] * p["unroll"]
-    if p["x_path"] == "smem" and 4 * columns * p["batch_tile"] > X_TILE_BYTES:
-        return (f"x_path=smem stages {columns} columns x batch_tile={p['batch_tile']} floats, over "
-                f"{X_TILE_BYTES // 1024} KiB of shared memory")
-    return None
-
-
-def _mma_shape(p) -> str | None:
-    # x_path=mma: a lane loads 8 halves of two rows per 16-row tile, a row group is whole warps,
-    # and its cross-warp sum has one form (shared memory): reduce=smem would duplicate shfl.
-    if p["x_path"] != "mma":
-        return None
-    if p["pack_width"] != 8:
-        return "x_path=mma loads A fragments 8 halves at a time: pack_width=8 only"
-    if p["threads_per_row"] < 32:
-        return "x_path=mma needs whole warps per row tile: threads_per_row >= 32"
-    if p["reduce"] != "shfl":
-        return "x_path=mma has one cross-warp sum: reduce=shfl only"
-    if p["rows_per_group"] > 2:
-        return "x_path=mma: rows_per_group <= 2 (a 64-row tile spills registers on sm_90)"
-    return None
-
-
-def _values_fit_registers(p) -> str | None:
-    # Weights in flight and accumulators must leave room for a pack's x values: bounds checked
-    # with nvcc -Xptxas -v on the extreme configs (no spills).
-    in_flight = p["rows_per_group"] * p["unroll"] * p["pack_width"]
-    if in_flight > 32:
-        return f"rows_per_group*unroll*pack_width={in_flight} weights in flight per thread exceeds 32"
-    # x_path=mma keeps 4 accumulators per 16-row tile whatever the batch tile.
-    if p["x_path"] != "mma" and p["rows_per_group"] * p["batch_tile"] > 16:
-        return f"rows_per_group*batch_tile={p['rows_per_group'] * p['batch_tile']} accumulators exceeds 16"
-    return None
-
-
-def _schedule_has_steps(p) -> str | None:
-    # With one step per chunk both schedules are the same code; x_path=mma keeps its own schedule.
-    # Neither wins everywhere, so the search chooses per shape (docs/families/hgemv.md, load_schedule).
-    if p["load_schedule"] == "step" and (p["unroll"] == 1 or p["x_path"] == "mma"):
-        return "load_schedule=step needs unroll >= 2 and x_path ldg or smem"
-    return None
-
-
-def _tail_peels_one_vector(p) -> str | None:
-    # The unchecked loop reads x's packs straight from global memory (x_path=smem stages x behind
-    # barriers, mma has its own loop); with several vectors it spills (docs/families/hgemv.md, tail).
-    if p["tail"] == "peeled" and (p["x_path"] != "ldg" or p["batch_tile"] != 1):
-        return "tail=peeled needs x_path=ldg and batch_tile=1"
-    return None
-
-
-def _peeled_rows_stage_x(p) -> str | None:
-    # row_align=peeled shifts x by the block's head as it stages it in shared memory (x_path=smem,
-    # and mma's B tile); through the read-only path each x pack would be misaligned instead.
-    if p["row_align"] == "peeled" and p["x_path"] == "ldg":
-        return "row_align=peeled needs x_path smem or mma (x staged from the rows' first pack boundary)"
-    return None
-
-
-def _split_on_tensor_cores(p) -> str | None:
-    # The split combines the cluster's partial sums of mma tiles (4 accumulators a lane), for
-    # blocks of one row group, whose tiles are few (several groups already share the columns).
-    if p["split_k"] == 1:
-        return None
-    if p["x_path"] != "mma":
-        return "split_k > 1 needs x_path=mma (partial sums of tensor-core tiles combined in the cluster)"
-    if p["threads_per_row"] != 32 * p["warps_per_block"]:
-        return "split_k > 1 needs one row group per block: threads_per_row = 32 * warps_per_block"
-    return None
-
 
 # Each parameter in full: docs/families/hgemv.md, "Parameters".
 SPACE = Space(
@@ -142,9 +70,16 @@ SPACE = Space(
         Param("split_k", (1, 2, 4, 8), "sk",
               "blocks of a cluster splitting the columns of a block of row tiles (sm_90; x_path=mma)",
               added_with_default=1),
+        Param("a_buffers", (1, 2), "ab",
+              "register sets of A (x_path=mma): 2 requests the next chunk's A before this chunk's mma",
+              added_with_default=1),
+        Param("min_blocks", (1, 2, 3), "mb",
+              "blocks per SM the registers are bounded for (__launch_bounds__; x_path=mma); 1: no bound",
+              added_with_default=1),
     ),
-    constraints=(row_fits_block, reduce_only_across_warps, _x_tile_fits, _mma_shape, _values_fit_registers,
-                 _schedule_has_steps, _tail_peels_one_vector, _peeled_rows_stage_x, _split_on_tensor_cores),
+    constraints=(row_fits_block, reduce_only_across_warps, x_tile_fits, mma_shape, values_fit_registers,
+                 schedule_has_steps, tail_peels_one_vector, peeled_rows_stage_x, split_on_tensor_cores,
+                 tensor_core_registers),
 )
 
 
@@ -232,7 +167,8 @@ class Hgemv(GemvFamily):
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
-                      "tail": "checked", "row_align": "scalar", "split_k": 1}
+                      "tail": "checked", "row_align": "scalar", "split_k": 1,
+                      "a_buffers": 1, "min_blocks": 1}
     op_signature = OpSignature((Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
                                (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
     c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"  # f16/bf16

@@ -23,9 +23,10 @@ DTYPES = ("float16", "bfloat16")
 # each tile (9: two launches of 8), rows not a multiple of rows per block.
 # 67 x 2048: whole chunks only (tail=peeled's unchecked loop alone), rows past m in the last block.
 # 300 x 1003 and 130 x 4099: rows at every offset from a 16-byte boundary (row_align=peeled's
-# windows of blocks, one per offset, the last window part past m).
+# windows of blocks, one per offset, the last window part past m). 70 x 2567 x 6: an odd number
+# of 256- and 512-column chunks and a part one (a_buffers=2 ends its two-chunk loop halfway).
 SHAPES = [(1, 1, 1), (3, 5, 3), (1000, 37, 4), (37, 1000, 8), (513, 4104, 1), (130, 4104, 2), (5, 16, 9),
-          (67, 2048, 1), (300, 1003, 3), (130, 4099, 1), (130, 4099, 8)]
+          (67, 2048, 1), (300, 1003, 3), (130, 4099, 1), (130, 4099, 8), (70, 2567, 6)]
 SAMPLE = 40  # random variants per dtype on top of those covering every choice
 
 
@@ -56,6 +57,14 @@ def sample_configs() -> list:
     split = [c for c in mma if c["split_k"] > 1]
     for key in {(c["split_k"], c["row_align"], c["threads_per_row"]) for c in split}:
         chosen.add(next(c for c in split if (c["split_k"], c["row_align"], c["threads_per_row"]) == key))
+    # A double-buffered in registers (a_buffers=2) and the register bound (min_blocks): each with
+    # every unroll, rows on and off the boundary, split or not, and every batch tile.
+    new = [c for c in mma if c["a_buffers"] == 2 or c["min_blocks"] > 1]
+    for key in {(c["a_buffers"], c["min_blocks"], c["unroll"], c["row_align"], c["split_k"] > 1) for c in new}:
+        chosen.add(next(c for c in random.Random(9).sample(new, len(new))
+                        if (c["a_buffers"], c["min_blocks"], c["unroll"], c["row_align"], c["split_k"] > 1) == key))
+    for tile in (1, 2, 4, 8):
+        chosen.add(next(c for c in new if c["batch_tile"] == tile and c["a_buffers"] == 2))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 

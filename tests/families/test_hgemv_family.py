@@ -36,8 +36,10 @@ def test_space_size_and_every_issue_parameter():
     # 4752 CUDA-core variants loading A a chunk at a time, 2908 of them (unroll >= 2) also step by
     # step, and 200 tensor-core (x_path=mma) ones; the 1036 of one vector through x_path=ldg also
     # with tail=peeled; the 160 tensor-core ones of one row group per block also split over 2, 4
-    # and 8 blocks (split_k)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160
+    # and 8 blocks (split_k); the 880 tensor-core ones again with A double-buffered (a_buffers=2);
+    # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
+    # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head
     assert all(c["x_path"] != "ldg" for c in CONFIGS if c["row_align"] == "peeled")
     assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
@@ -47,7 +49,8 @@ def test_space_size_and_every_issue_parameter():
     assert len(peeled) == 1036 and all(c["x_path"] == "ldg" and c["batch_tile"] == 1 for c in peeled)
     names = set(FAMILY.space.names)
     assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
-                     "reduce", "batch_tile", "load_schedule", "tail", "row_align", "split_k"}
+                     "reduce", "batch_tile", "load_schedule", "tail", "row_align", "split_k", "a_buffers",
+                     "min_blocks"}
     assert FAMILY.space.param("pack_width").choices == (2, 4, 8)  # half2, 64-bit and 128-bit accesses
     assert {c["threads_per_row"] for c in CONFIGS} == {4, 8, 16, 32, 64, 128, 256}
     assert FAMILY.dims == ("m", "n", "batch") and FAMILY.dtypes == DTYPES
@@ -579,7 +582,8 @@ def test_hook_error_passes_right_outputs_and_catches_wrong_ones(harness, dtype):
 
 # -- tensor cores (x_path=mma) ------------------------------------------------------------------------
 
-MMA_CONFIGS = [c for c in CONFIGS if c["x_path"] == "mma" and c["split_k"] == 1]
+MMA_CONFIGS = [c for c in CONFIGS if c["x_path"] == "mma" and c["split_k"] == 1 and c["a_buffers"] == 1
+               and c["min_blocks"] == 1]
 
 
 def test_mma_variants_are_whole_warps_of_128_bit_loads():
@@ -1014,3 +1018,106 @@ def test_few_row_blocks_seed_the_tensor_core_default_split_in_two(monkeypatch):
         assert FAMILY.space.check({**default.as_dict(), "split_k": 2}) in seeds
     # 688 blocks of 16 rows already fill the GPU: no split seeded
     assert all(s["split_k"] == 1 for s in FAMILY.seed_configs(FAMILY.problem(m=11008, n=4097, batch=4)))
+
+
+# -- A double-buffered in registers (a_buffers) and the register bound (min_blocks) ------------------
+
+PREFETCH = config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=4, batch_tile=4, row_align="peeled",
+                  a_buffers=2)
+
+
+def test_double_buffered_a_requests_the_next_chunk_before_this_chunks_mma():
+    assert FAMILY.kernel_name("float16", PREFETCH).endswith("_rapeeled_ab2")
+    source = render(FAMILY, "float16", PREFETCH, host_launcher=True)
+    body = source[source.index('extern "C" __global__'):]
+    for fragment in ("unsigned int an[RPG][2][UNROLL][4];",
+                     "for (long long c0 = 0; c0 < n - head; c0 += 2 * CHUNK) {",
+                     "if (c0 + CHUNK < n - head) {",
+                     "if (c0 + CHUNK >= n - head) break;",
+                     "if (c0 + 2 * CHUNK < n - head) {"):
+        assert fragment in body, fragment
+    # the first chunk's A before x is staged; in the loop, an's loads before the mma on aw, and
+    # aw's (two chunks on) before the mma on an: neither set is copied
+    first_a, first_x = body.index("aw[r][h][u]);"), body.index("x_words(x, head + 2 * p")
+    loop = body[body.index("c0 += 2 * CHUNK"):]
+    assert first_a < first_x
+    assert loop.index("an[r][h][u]);") < loop.index("acc[r], aw[r][0]") < loop.index("aw[r][h][u]);") \
+        < loop.index("acc[r], an[r][0]")
+    assert "aw[r][h][u][w] = an" not in body and "= an[" not in body
+
+
+@pytest.mark.parametrize("n, chunk, split", [(4099, 1024, 1), (5121, 1024, 1), (300, 128, 1), (4103, 512, 2),
+                                             (4099, 1024, 4), (1003, 256, 8), (100, 256, 1)])
+def test_double_buffered_loop_multiplies_every_chunk_once_after_loading_it(n, chunk, split):
+    # the loop as rendered, per block s of a cluster of `split`: A of chunk `first` before it, then
+    # two chunks per iteration, each requesting the next one's A (guarded by the end) before its mma
+    multiplied = []
+    for s in range(split):
+        step, loaded = split * chunk, {s * chunk} if s * chunk < n else set()
+        c0 = s * chunk
+        while c0 < n:
+            if c0 + step < n:
+                loaded.add(c0 + step)
+            assert c0 in loaded
+            multiplied.append(c0)
+            if c0 + step >= n:
+                break
+            if c0 + 2 * step < n:
+                loaded.add(c0 + 2 * step)
+            assert c0 + step in loaded
+            multiplied.append(c0 + step)
+            c0 += 2 * step
+        assert loaded <= set(multiplied)  # nothing requested past the block's last chunk
+    assert sorted(multiplied) == list(range(0, n, chunk))
+
+
+def test_min_blocks_bounds_the_registers_of_the_launch():
+    bounded = config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=2, batch_tile=4, min_blocks=3)
+    assert FAMILY.kernel_name("float16", bounded).endswith("_bt4_mb3")
+    assert 'extern "C" __global__ void __launch_bounds__(256, 3)' in render(FAMILY, "float16", bounded)
+    split = config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=2, split_k=2, min_blocks=2)
+    assert "__launch_bounds__(256, 2) hgemv_" in render(FAMILY, "float16", split)
+    assert 'void __launch_bounds__(256)\n' in render(FAMILY, "float16", config(x_path="mma", threads_per_row=256,
+                                                                                  warps_per_block=8))
+    with pytest.raises(InvalidConfigError, match="x_path=mma only"):
+        config(x_path="smem", a_buffers=2)
+    with pytest.raises(InvalidConfigError, match="x_path=mma only"):
+        config(min_blocks=2)
+    with pytest.raises(InvalidConfigError, match="no bound"):
+        config(x_path="mma", threads_per_row=128, warps_per_block=4, min_blocks=3)
+    with pytest.raises(InvalidConfigError, match="min_blocks=3 spills"):
+        config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=4, min_blocks=3)
+    with pytest.raises(InvalidConfigError, match="min_blocks=3 spills"):
+        config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=2, a_buffers=2, min_blocks=3)
+
+
+def test_old_points_render_without_a_buffers_or_min_blocks():
+    plain = config(x_path="mma", threads_per_row=256, warps_per_block=8, row_align="peeled")
+    stored = {k: v for k, v in plain.as_dict().items() if k not in ("a_buffers", "min_blocks")}
+    completed = FAMILY.space.check(FAMILY.space.complete(stored))
+    assert completed == plain and FAMILY.kernel_name("float16", completed).endswith("_rapeeled")
+    source = render(FAMILY, "float16", completed, host_launcher=True)
+    assert "a_buffers" not in source and "min_blocks" not in source and "an[" not in source
+
+
+NEW_FORMS = [PREFETCH,
+             config(x_path="mma", threads_per_row=256, warps_per_block=8, rows_per_group=2, unroll=2, batch_tile=8,
+                    row_align="peeled", a_buffers=2, min_blocks=2),
+             config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=2, batch_tile=4, row_align="peeled",
+                    min_blocks=3),
+             config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=4, batch_tile=8, min_blocks=2),
+             config(x_path="mma", threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2, batch_tile=2,
+                    a_buffers=2, split_k=4),
+             config(x_path="mma", threads_per_row=64, warps_per_block=2, unroll=1, row_align="peeled", a_buffers=2)]
+
+
+def test_double_buffered_and_bounded_forms_compile_for_sm90_without_spills(tmp_path):
+    from nvcc_tools import nvcc_compile
+    sources = [render(FAMILY, "float16", c) for c in NEW_FORMS]
+    sources.append(render(FAMILY, "bfloat16", NEW_FORMS[0], pdl=True, host_launcher=True))
+    report = nvcc_compile(sources, "sm_90", tmp_path)
+    assert len(re.findall(r"Used \d+ registers", report)) == len(sources)
+    assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", report))
+    assert all(f == "0" for f in re.findall(r"(\d+) bytes stack frame", report))
+    bounded = [int(r) for r in re.findall(r"Used (\d+) registers", report.split("_mb3'")[1])[:1]]
+    assert bounded and bounded[0] <= 80  # 3 blocks of 256 threads per SM
