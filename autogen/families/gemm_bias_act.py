@@ -93,7 +93,8 @@ class GemmBiasAct(Sgemm):
         if reason is None and config["block_m"] * config["block_n"] < SMALL_TILE:
             full = problem["batch"] * _ceil(problem["m"], 128) * _ceil(problem["n"], 128)
             if full >= 4 * sm_count():
-                return f"block tile {config['block_m']}x{config['block_n']} is small: 128x128 tiles of the batch fill 4 waves"
+                return (f"block tile {config['block_m']}x{config['block_n']} is small: 128x128 tiles of the "
+                        "batch fill 4 waves")
         return reason
 
     # --- data -----------------------------------------------------------------------------
@@ -105,12 +106,13 @@ class GemmBiasAct(Sgemm):
 
     def make_inputs(self, problem: Problem, xp, rng, case: dict) -> dict:
         b, m, n, k = (problem[d] for d in self.dims)
-        return {"A": random_uniform(xp, rng, (b, m, k), xp.float32), "B": random_uniform(xp, rng, (b, k, n), xp.float32),
-                "bias": random_uniform(xp, rng, (n,), xp.float32),
+        return {"A": random_uniform(xp, rng, (b, m, k), xp.float32),
+                "B": random_uniform(xp, rng, (b, k, n), xp.float32), "bias": random_uniform(xp, rng, (n,), xp.float32),
                 "C": xp.full((b, m, n), xp.nan, dtype=xp.float32)}
 
     def reference(self, problem: Problem, inputs: dict, xp=np):
-        x = xp.matmul(inputs["A"].astype(xp.float64), inputs["B"].astype(xp.float64)) + inputs["bias"].astype(xp.float64)
+        x = xp.matmul(inputs["A"].astype(xp.float64), inputs["B"].astype(xp.float64))
+        x += inputs["bias"].astype(xp.float64)
         act = problem["act"]
         if act == "relu":
             return xp.maximum(x, 0.0)
@@ -161,7 +163,8 @@ class GemmBiasAct(Sgemm):
         A, B, bias, act, out = _gemm_bias_act_arguments(*args, **kwargs)
         rank = len(getattr(A, "shape", ()))
         if rank not in (2, 3):
-            raise ArgumentError(f"A must be 2-D (m, k) or 3-D (batch, m, k), got shape {tuple(getattr(A, 'shape', ()))}")
+            shape = tuple(getattr(A, "shape", ()))
+            raise ArgumentError(f"A must be 2-D (m, k) or 3-D (batch, m, k), not of shape {shape}")
         a = device_array(cupy, A, "A", self.dtypes, rank, device)
         b = device_array(cupy, B, "B", self.dtypes, rank, device)
         batch = a.shape[0] if rank == 3 else 1

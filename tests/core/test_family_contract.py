@@ -30,8 +30,8 @@ def test_every_point_renders_and_defines_every_step_symbol(name, dtype):
     problem = small_problem(family, dtype)
     names = set()
     for config in family.space.enumerate():
-        kernel = family.kernel_name(dtype, config)
-        source = render(family, dtype, config)
+        kernel = family.kernel_name(dtype, config, problem.traits)  # traits that change the code (Trait.code)
+        source = render(family, dtype, config, traits=problem.traits)
         assert "{{" not in source and "{%" not in source
         assert "#include" not in source  # NVRTC gets no include path
         defined = set(KERNEL_DEFINITION.findall(source))
@@ -49,8 +49,8 @@ def test_default_config_is_valid_and_launches_something(name, dtype):
     problem = small_problem(family, dtype)
     for step in family.plan(problem, config):
         assert all(v >= 1 for v in step.launch.grid + step.launch.block)
-    host = render(family, dtype, config, host_launcher=True)
-    assert f"{family.kernel_name(dtype, config)}_launch({family.c_params_for(dtype)}, cudaStream_t stream)" in host
+    host = render(family, dtype, config, host_launcher=True, traits=problem.traits)
+    assert f"{family.kernel_name(dtype, config, problem.traits)}_launch({family.c_params_for(dtype)}, cudaStream_t stream)" in host
 
 
 @pytest.mark.parametrize("name, dtype", CASES)
