@@ -73,6 +73,9 @@ def torch_functions(torch, act: str, compiled_cache: dict, use_compile: bool) ->
     functions = {"autogen": lambda t: autogen.gemm_bias_act(t["A"], t["B"], t["bias"], act=act),
                  "eager": eager, "bmm": lambda t: torch.bmm(t["A"], t["B"])}
     if use_compile:
+        # One code object serves every act and shape: dynamo's default limit of 8 recompiles would
+        # leave the later problems running eager code under the name of torch.compile.
+        torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
         if act not in compiled_cache:
             compiled_cache[act] = torch.compile(eager)
         functions["compile"] = compiled_cache[act]

@@ -16,6 +16,9 @@ from benchlib import tune_each
 GRID_M = (1024, 4096, 16384)
 GRID_N = (16, 32, 64, 128, 1024, 4096)
 README_SHAPES = ((16384, 16), (16384, 32), (16384, 128), (16384, 1024), (4096, 4096))
+# --family gemm_bias_act: the benchmark's named shapes (scripts/bench_gemm_bias_act.py), every activation.
+GEMM_BIAS_ACT = [dict(batch=b, m=m, n=n, k=k, act=act) for b, m, n, k in ((8, 1024, 1024, 1024), (64, 512, 512, 512))
+                 for act in ("relu", "gelu", "none")]
 
 
 def main() -> int:
@@ -23,6 +26,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--db", help="reuse an existing database (shapes already tuned are resumed)")
+    parser.add_argument("--family", choices=("sgemv", "gemm_bias_act"), default="sgemv",
+                        help="sgemv's grid (default) or gemm_bias_act's benchmark shapes")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -31,11 +36,12 @@ def main() -> int:
     from autogen.catalog.pretuned import dump_catalog
 
     db_url = args.db or f"sqlite:///{args.out / 'pretuned.db'}"
-    family = get_family("sgemv")
+    family = get_family(args.family)
     shapes = sorted(set(README_SHAPES) | {(m, n) for m in GRID_M for n in GRID_N})
+    problems = ([family.problem(m=m, n=n) for m, n in shapes] if args.family == "sgemv"
+                else [family.problem(**dims) for dims in GEMM_BIAS_ACT])
     device = None
-    for _problem, result, _summary in tune_each([family.problem(m=m, n=n) for m, n in shapes],
-                                                {"trials": args.trials, "db_url": db_url}):
+    for _problem, result, _summary in tune_each(problems, {"trials": args.trials, "db_url": db_url}):
         device = result.device
     slug = re.sub(r"[^a-z0-9]+", "_", device.name.lower()).strip("_")
     path = args.out / f"pretuned_{slug}.json"

@@ -98,7 +98,7 @@ def test_dispatch_with_cupy_operands():
     one = autogen.gemm_bias_act(A[1], B[1], bias, act="relu")  # 2-D: batch 1
     assert one.shape == (100, 259) and float(cupy.abs(one - cupy.maximum(want[1], 0)).max()) < 1e-5
     with pytest.raises(ArgumentError, match="B has shape"):
-        autogen.gemm_bias_act(A, B[:, :36], bias)
+        autogen.gemm_bias_act(A, B[:2], bias)
     with pytest.raises(ArgumentError, match="bias has 258"):
         autogen.gemm_bias_act(A, B, bias[:258])
     with pytest.raises(ArgumentError, match="act must be one of"):
