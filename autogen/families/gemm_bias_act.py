@@ -2,8 +2,9 @@
 Row-major contiguous A (batch x m x k), B (batch x k x n), C (batch x m x n), bias (n). Batch 1 is
 the MatmulAndBiasAndRelu of a linear layer, batch > 1 a batched matmul with the same epilogue.
 
-sgemm's kernel with its tiles, pipelines and search space (a subclass of Sgemm, and a template
-that extends sgemm's through its hooks: templates/gemm_bias_act/kernel.cu.j2): the batch is
+sgemm's kernel with its tiles, pipelines and search space (a subclass of GemmBase, shared with
+sgemm in autogen.families._gemm, and a template that extends sgemm's through its hooks:
+templates/gemm_bias_act/kernel.cu.j2): the batch is
 grid.z, the bias and the activation are applied to the accumulators in registers before sgemm's
 store. split_k is 1: an activation of partial sums would not be the activation of their sum.
 The activation is a trait (part of the database key and of the kernel's name; the CLI takes
@@ -22,7 +23,7 @@ from autogen.core.signature import OpSignature, Output, Scalar, Tensor
 from autogen.core.space import Space
 from autogen.errors import ArgumentError, UsageError
 from autogen.families._elementwise import erf64
-from autogen.families.sgemm import SMALL_TILE, SPACE as SGEMM_SPACE, Sgemm, geometry
+from autogen.families._gemm import GemmBase, geometry, SMALL_TILE, SPACE as GEMM_SPACE
 from autogen.gpu.device import sm_count
 from autogen.gpu.peers import cublas_handle
 
@@ -41,7 +42,7 @@ def _ceil(a: int, b: int) -> int:
 
 
 @register
-class GemmBiasAct(Sgemm):
+class GemmBiasAct(GemmBase):
     name = "gemm_bias_act"
     template = "gemm_bias_act/kernel.cu.j2"
     api = "gemm_bias_act"
@@ -51,7 +52,7 @@ class GemmBiasAct(Sgemm):
                     "torch.nn.functional.gelu's default) or none (bias only)", code=True),)
     tail_shapes = ((1, 1, 1, 1), (2, 3, 5, 7), (3, 17, 33, 9), (1, 100, 37, 129), (2, 129, 65, 300),
                    (5, 1, 300, 17), (4, 257, 255, 33), (1, 64, 64, 4100))
-    space = _without_split_k(SGEMM_SPACE)
+    space = _without_split_k(GEMM_SPACE)
     outputs = ("C",)
     op_signature = OpSignature(
         (Tensor("A"), Tensor("B"), Tensor("bias"), Scalar("act", "str", ACTIVATIONS[0])),

@@ -12,7 +12,7 @@ import pytest
 from autogen.core.registry import get_family
 from autogen.core.render import render, source_hash
 from autogen.errors import UsageError
-from autogen.families.sgemm import SPACE as SGEMM_SPACE
+from autogen.families._gemm import SPACE as SGEMM_SPACE
 from family_checks import held
 
 FAMILY = get_family("gemm_bias_act")

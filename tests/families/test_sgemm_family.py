@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from autogen.errors import UsageError
-from autogen.families import sgemm as sgemm_module
-from autogen.families.sgemm import SPACE, geometry, launch_bounds_cap
+from autogen.families import _gemm as sgemm_module
+from autogen.families._gemm import SPACE, geometry, launch_bounds_cap
 from autogen.gpu.device import sm_count
 from autogen.core.registry import get_family
 from autogen.core.render import render
