@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import Budget, num, render_table, table, torch_graph, torch_graph_medians, tune_each, write_results
+from benchlib import Budget, num, render_table, table, time_torch_functions, tune_each, write_results
 
 NAMED = ((8, 1024, 1024, 1024), (64, 512, 512, 512))
 # batch 1 at odd sizes (a linear layer's MatmulAndBiasAndRelu), a small odd batch, a larger one.
@@ -116,20 +116,11 @@ def time_torch(problem, family, compiled_cache: dict, use_compile: bool) -> dict
     sets = timing_sets(family, problem, cupy, cupy.random.default_rng(1), True, device_identity().l2_bytes, free // 2)
     tensors = [{key: as_tensor(torch, s[key], "float32") for key in ("A", "B", "bias")} for s in sets]
     result: dict = {"input_sets": len(sets)}
-    graphs = {}
-    for label, fn in torch_functions(torch, problem["act"], compiled_cache, use_compile).items():
-        started = time.monotonic()
-        try:
-            error = peer_error(family, problem, label, fn, sets[0], tensors[0])  # compiles, loads kernels
-            graphs[label] = torch_graph(torch, lambda i, fn=fn: fn(tensors[i]), len(tensors))
-            result[label] = {"error": error, "wall_s": round(time.monotonic() - started, 1)}
-        except Exception as exc:  # one peer failing must not end the benchmark
-            result[label] = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
-    for label, (median, spread) in torch_graph_medians(torch, graphs, ROUNDS).items():
-        result[label].update(time_us=round(median, 3), spread_us=round(spread, 3))
-    del graphs, sets, tensors
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    functions = torch_functions(torch, problem["act"], compiled_cache, use_compile)
+    result.update(time_torch_functions(  # the check compiles and loads the kernels
+        torch, functions, tensors, lambda label, fn, s=sets[0], t=tensors[0]: peer_error(
+            family, problem, label, fn, s, t), ROUNDS))
+    del sets, tensors
     cupy.get_default_memory_pool().free_all_blocks()
     return result
 
