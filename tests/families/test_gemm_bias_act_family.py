@@ -173,3 +173,170 @@ def test_cli_help_and_bad_input(capsys):
     assert "act must be one of relu, gelu, none" in capsys.readouterr().err
     assert main(["tune", "gemm_bias_act", "--batch", "70000", "--m", "4", "--n", "4", "--k", "4"]) == 2
     assert "over 65535" in capsys.readouterr().err
+
+
+# -- export: the self-test's hook (templates/gemm_bias_act/selftest.cu.j2) ----------------------------
+
+HOOK_HARNESS = r"""
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define main autogen_selftest_main
+#include "autogen_gemm_bias_act_selftest.cu"
+#undef main
+
+// rows R n k: the rows (of all batch * m) the reference checks.
+// inputs act batch m n k seed: A, B, bias (bits of float32), one line each; then whether C is all NaN.
+// error act batch m n k seed < out: the error of out against that case's inputs, and why.
+template <class W>
+int run(const std::string& mode, int batch, int m, int n, int k, unsigned long long seed)
+{
+    std::vector<float> a((std::size_t)batch * m * k), b((std::size_t)batch * k * n), bias(n), c((std::size_t)batch * m * n);
+    selftest::Rng rng(seed);
+    W::make_inputs(rng, a, b, bias, c);
+    if (mode == "inputs") {
+        for (const std::vector<float>* v : {&a, &b, &bias}) {
+            for (float x : *v) {
+                std::uint32_t bits;
+                std::memcpy(&bits, &x, sizeof bits);
+                std::printf("%u ", bits);
+            }
+            std::printf("\n");
+        }
+        bool poisoned = true;
+        for (float x : c) poisoned = poisoned && x != x;
+        std::printf("%d\n", (int)poisoned);
+        return 0;
+    }
+    std::vector<float> out(c.size());
+    for (float& x : out) {
+        std::uint32_t bits = 0;
+        if (std::scanf("%u", &bits) != 1) return 2;
+        std::memcpy(&x, &bits, sizeof x);
+    }
+    std::string why;
+    const double error = W::output_error(a, b, bias, out, batch, m, n, k, &why);
+    std::printf("%.17g\n%s\n", error, why.c_str());
+    return 0;
+}
+
+int main(int argc, char** argv)
+{
+    if (argc < 5) return 2;
+    const std::string mode = argv[1];
+    if (mode == "rows") {
+        for (long long r : autogen_gemm_bias_act_relu_test::Workload::checked_rows(std::atoll(argv[2]), std::atoi(argv[3]),
+                                                                                  std::atoi(argv[4])))
+            std::printf("%lld ", r);
+        std::printf("\n");
+        return 0;
+    }
+    const std::string act = argv[2];
+    const int batch = std::atoi(argv[3]), m = std::atoi(argv[4]), n = std::atoi(argv[5]), k = std::atoi(argv[6]);
+    const unsigned long long seed = std::strtoull(argv[7], nullptr, 10);
+    if (act == "relu") return run<autogen_gemm_bias_act_relu_test::Workload>(mode, batch, m, n, k, seed);
+    if (act == "gelu") return run<autogen_gemm_bias_act_gelu_test::Workload>(mode, batch, m, n, k, seed);
+    return run<autogen_gemm_bias_act_none_test::Workload>(mode, batch, m, n, k, seed);
+}
+"""
+TUNED = (8, 1024, 1024, 1024)  # its data would be over MAX_CASE_BYTES: the hook checks it
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """An export with the self-test: one entry point per act, each with one variant tuned at TUNED."""
+    from test_export import H100, run_export, store_winner
+    from tuning_db import TuningDB
+
+    root = tmp_path_factory.mktemp("gemm_bias_act_export")
+    url = f"sqlite:///{root / 'tuning.db'}"
+    with TuningDB(url) as db:
+        for act in ("relu", "gelu", "none"):
+            tuned = problem(*TUNED, act=act)
+            store_winner(db, H100, FAMILY.name, {}, FAMILY.default_config(tuned).as_dict(), 360.0, 350.0,
+                         shape_key=tuned.shape_key)
+    out = root / "autogen_gemm_bias_act"
+    assert run_export(FAMILY.name, "--out", str(out), "--gpu", H100.name, "--db", url, "--self-test") == 0
+    return out
+
+
+def test_every_entry_point_gets_the_hook_with_its_activation(exported):
+    selftest = (exported / "autogen_gemm_bias_act_selftest.cu").read_text()
+    assert "no self-test hook" not in selftest and selftest.count("class Workload {") == 3
+    assert selftest.count(f"static constexpr double kTolerance = {FAMILY.tolerance};") == 3
+    assert "std::erf(x * 0.70710678118654752440)" in selftest
+    for act in ("relu", "gelu", "none"):
+        hook = selftest[selftest.index(f"namespace autogen_gemm_bias_act_{act}_test {{"):]
+        hook = hook[:hook.index("}  // namespace")]
+        assert f'"act={act}, C poisoned"' in hook
+        assert ("std::erf" in hook) == (act == "gelu")
+        # The tuned shape and the one past it are the hook's (their data would be too large).
+        assert "e.checked.push_back({ {8, 1024, 1024, 1024}});" in hook
+        assert "e.checked.push_back({ {9, 1025, 1025, 1025}});" in hook
+
+
+@pytest.fixture(scope="module")
+def hook_harness(exported):
+    from nvcc_tools import nvcc_or_skip
+    from test_export import run, WERROR
+
+    root = exported.parent
+    (root / "harness.cu").write_text(HOOK_HARNESS)
+    binary = root / "harness"
+    # The exported kernels and the self-test build for sm_90 with warnings as errors; the harness
+    # only runs the self-test's host code, linked against the library.
+    run([nvcc_or_skip(), "-arch=sm_90", "-std=c++17", *WERROR, f"-I{exported}", "-c", str(root / "harness.cu"),
+         "-o", str(root / "harness.o")])
+    run([nvcc_or_skip(), "-arch=sm_90", "-std=c++17", "-O3", *WERROR, "-c", str(exported / "autogen_gemm_bias_act.cu"),
+         "-o", str(root / "kernels.o")])
+    run([nvcc_or_skip(), "-arch=sm_90", str(root / "harness.o"), str(root / "kernels.o"), "-lpthread", "-o", str(binary)])
+    return binary
+
+
+def harness(binary, *args, stdin=None) -> list[str]:
+    from test_export import run
+    return run([str(binary), *map(str, args)], input=stdin).stdout.splitlines()
+
+
+def floats(line: str) -> np.ndarray:
+    return np.array([int(b) for b in line.split()], dtype=np.uint32).view(np.float32)
+
+
+def test_hook_checks_every_row_of_small_shapes_and_a_sample_of_the_batch(hook_harness):
+    assert [int(r) for r in harness(hook_harness, "rows", 3 * 19, 23, 40)[0].split()] == list(range(57))
+    rows = [int(r) for r in harness(hook_harness, "rows", 8 * 1024, 1024, 1024)[0].split()]
+    assert len(rows) == 190 and rows[:47] == list(range(47)) and rows[-47:] == list(range(8192 - 47, 8192))
+    assert rows == sorted(set(rows)) and len({r // 1024 for r in rows}) == 8  # every batch entry
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "none"])
+def test_hook_error_passes_fp32_results_and_catches_wrong_ones(hook_harness, act):
+    batch, m, n, k, seed = 3, 19, 23, 40, 7
+    lines = harness(hook_harness, "inputs", act, batch, m, n, k, seed)
+    a, b, bias = (floats(line) for line in lines[:3])
+    assert lines[3] == "1" and (np.abs(a) <= 0.5).all() and (np.abs(bias) <= 0.5).all()
+    problem_ = problem(batch, m, n, k, act)
+    inputs = {"A": a.reshape(batch, m, k), "B": b.reshape(batch, k, n), "bias": bias}
+    ref = FAMILY.reference(problem_, inputs, np)
+    magnitude = FAMILY.reference_magnitude(problem_, inputs, np)
+
+    def error(out):
+        text = " ".join(map(str, out.astype(np.float32).view(np.uint32).ravel().tolist()))
+        result = harness(hook_harness, "error", act, batch, m, n, k, seed, stdin=text + "\n")
+        return float(result[0]), (result[1] if len(result) > 1 else "")
+
+    got, why = error(ref)
+    want = np.linalg.norm(ref.astype(np.float32) - ref) / np.linalg.norm(magnitude)
+    assert why == "" and got == pytest.approx(want, rel=1e-6, abs=1e-12) and got < 1e-7
+    assert error(ref + 1e-3 * magnitude.max())[0] > FAMILY.tolerance
+    if act != "none":  # the activation is the entry point's: the pre-activation is wrong
+        pre = FAMILY.reference(problem(batch, m, n, k, "none"), inputs, np)
+        assert error(pre)[0] > FAMILY.tolerance
+    bad = ref.copy()
+    bad[-1, -1, -1] = np.nan
+    got, why = error(bad)
+    assert got == float("inf") and "NaN/inf" in why
