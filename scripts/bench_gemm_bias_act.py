@@ -16,7 +16,7 @@ alone, >= 1.0x torch.compile.
 
 Time: with --budget S the searches share S less FIXED_S per problem (the torch peers, compiles,
 start-up), the named shapes' searches NAMED_WEIGHT times an odd shape's; the named shapes run
-first, so a run cut short still has them. All 5 shapes x 3 acts (15 problems) in about 240 s:
+first, so a run cut short still has them. All 5 shapes x 3 acts (15 problems), meant to fit ~240 s:
 
     python3 scripts/bench_gemm_bias_act.py --out OUT --trials 24 --budget 220
 """

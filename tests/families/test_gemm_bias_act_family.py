@@ -14,6 +14,7 @@ from autogen.core.render import render, source_hash
 from autogen.errors import UsageError
 from autogen.families._gemm import SPACE as SGEMM_SPACE
 from family_checks import held
+from nvcc_tools import float_bits as floats, harness_error, harness_output as harness
 
 FAMILY = get_family("gemm_bias_act")
 SGEMM = get_family("sgemm")
@@ -199,25 +200,14 @@ int run(const std::string& mode, int batch, int m, int n, int k, unsigned long l
     selftest::Rng rng(seed);
     W::make_inputs(rng, a, b, bias, c);
     if (mode == "inputs") {
-        for (const std::vector<float>* v : {&a, &b, &bias}) {
-            for (float x : *v) {
-                std::uint32_t bits;
-                std::memcpy(&bits, &x, sizeof bits);
-                std::printf("%u ", bits);
-            }
-            std::printf("\n");
-        }
+        for (const std::vector<float>* v : {&a, &b, &bias}) print_bits(*v);
         bool poisoned = true;
         for (float x : c) poisoned = poisoned && x != x;
         std::printf("%d\n", (int)poisoned);
         return 0;
     }
     std::vector<float> out(c.size());
-    for (float& x : out) {
-        std::uint32_t bits = 0;
-        if (std::scanf("%u", &bits) != 1) return 2;
-        std::memcpy(&x, &bits, sizeof x);
-    }
+    if (!read_bits(out)) return 2;
     std::string why;
     const double error = W::output_error(a, b, bias, out, batch, m, n, k, &why);
     std::printf("%.17g\n%s\n", error, why.c_str());
@@ -281,29 +271,8 @@ def test_every_entry_point_gets_the_hook_with_its_activation(exported):
 
 @pytest.fixture(scope="module")
 def hook_harness(exported):
-    from nvcc_tools import nvcc_or_skip
-    from test_export import run, WERROR
-
-    root = exported.parent
-    (root / "harness.cu").write_text(HOOK_HARNESS)
-    binary = root / "harness"
-    # The exported kernels and the self-test build for sm_90 with warnings as errors; the harness
-    # only runs the self-test's host code, linked against the library.
-    run([nvcc_or_skip(), "-arch=sm_90", "-std=c++17", *WERROR, f"-I{exported}", "-c", str(root / "harness.cu"),
-         "-o", str(root / "harness.o")])
-    run([nvcc_or_skip(), "-arch=sm_90", "-std=c++17", "-O3", *WERROR, "-c", str(exported / "autogen_gemm_bias_act.cu"),
-         "-o", str(root / "kernels.o")])
-    run([nvcc_or_skip(), "-arch=sm_90", str(root / "harness.o"), str(root / "kernels.o"), "-lpthread", "-o", str(binary)])
-    return binary
-
-
-def harness(binary, *args, stdin=None) -> list[str]:
-    from test_export import run
-    return run([str(binary), *map(str, args)], input=stdin).stdout.splitlines()
-
-
-def floats(line: str) -> np.ndarray:
-    return np.array([int(b) for b in line.split()], dtype=np.uint32).view(np.float32)
+    from nvcc_tools import build_hook_harness
+    return build_hook_harness(exported, "autogen_gemm_bias_act.cu", HOOK_HARNESS)
 
 
 def test_hook_checks_every_row_of_small_shapes_and_a_sample_of_the_batch(hook_harness):
@@ -325,9 +294,7 @@ def test_hook_error_passes_fp32_results_and_catches_wrong_ones(hook_harness, act
     magnitude = FAMILY.reference_magnitude(problem_, inputs, np)
 
     def error(out):
-        text = " ".join(map(str, out.astype(np.float32).view(np.uint32).ravel().tolist()))
-        result = harness(hook_harness, "error", act, batch, m, n, k, seed, stdin=text + "\n")
-        return float(result[0]), (result[1] if len(result) > 1 else "")
+        return harness_error(hook_harness, out, "error", act, batch, m, n, k, seed)
 
     got, why = error(ref)
     want = np.linalg.norm(ref.astype(np.float32) - ref) / np.linalg.norm(magnitude)
