@@ -36,8 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import (Budget, num, render_table, table, torch_graph, torch_graph_medians, tune_each,
-                      write_results)
+from benchlib import Budget, num, render_table, table, time_torch_functions, tune_each, write_results
 
 SIZES = (2**20, 2**24, 2**28)
 DTYPES = ("float32", "float16", "bfloat16")
@@ -165,22 +164,11 @@ def time_torch_peers(problem, family, use_compile: bool, compile_cache: dict, st
     result["input_sets"] = len(sets)
     eager, compiled = torch_functions(torch, problem.family, problem.shape.get("approximate"), problem.dtype,
                                       compile_cache, use_compile, static)
-    graphs = {}
-    for label, fn in (("autogen", autogen_function(problem)), ("eager", eager), ("compile", compiled)):
-        if fn is None:
-            continue
-        started = time.monotonic()
-        try:
-            error = check_peer_output(torch, family, problem, fn, sets[0], tensors[0])  # compiles, autotunes
-            graphs[label] = torch_graph(torch, lambda i, fn=fn, tensors=tensors: fn(tensors[i]), len(tensors))
-            result[label] = {"error": error, "wall_s": round(time.monotonic() - started, 1)}
-        except Exception as exc:  # report and go on: one peer failing must not end the benchmark
-            result[label] = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
-    for label, (median, spread) in torch_graph_medians(torch, graphs, ROUNDS).items():
-        result[label].update(time_us=round(median, 4), spread_us=round(spread, 4))
-    del graphs, sets, tensors
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    functions = {"autogen": autogen_function(problem), "eager": eager, "compile": compiled}
+    result.update(time_torch_functions(  # the check compiles and autotunes
+        torch, functions, tensors, lambda _label, fn, s=sets[0], t=tensors[0]: check_peer_output(
+            torch, family, problem, fn, s, t), ROUNDS))
+    del sets, tensors
     cupy.get_default_memory_pool().free_all_blocks()
     return result
 

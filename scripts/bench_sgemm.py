@@ -126,7 +126,7 @@ def winner_resources(family, problem, params: dict, out: Path) -> dict:
     """Registers, shared and local memory and resident blocks per SM of a winner's main kernel,
     read from its cubin; its source in out/winners; its SASS mix when cuobjdump is on PATH."""
     from autogen.gpu.compile import compile_cubin
-    from autogen.families.sgemm import geometry
+    from autogen.families._gemm import geometry
     from autogen.gpu.device import device_identity, require_cupy
     from autogen.core.render import render
 

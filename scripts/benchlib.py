@@ -211,3 +211,30 @@ def torch_graph_medians(torch, graphs: dict, rounds: int) -> dict[str, tuple[flo
     interleaved (interleaved_medians)."""
     return interleaved_medians({label: (lambda g=graph, c=calls: torch_replay_us(torch, g, c))
                                 for label, (graph, calls) in graphs.items()}, rounds)
+
+
+def time_torch_functions(torch, functions: dict, tensors: list, check: Callable[[str, Callable], float],
+                         rounds: int) -> dict:
+    """{label: {"error", "wall_s", "time_us", "spread_us"}, or {"failed": why}} of each function of
+    one input set's tensors (None: left out): check(label, fn) first, on one set (it compiles and
+    loads the kernels) returning its error; then fn captured rotating over `tensors` (torch_graph);
+    the graphs replayed in `rounds` interleaved rounds (torch_graph_medians). A function that fails
+    is reported and the others go on; the graphs' memory is released before returning."""
+    result: dict = {}
+    graphs = {}
+    for label, fn in functions.items():
+        if fn is None:
+            continue
+        started = time.monotonic()
+        try:
+            error = check(label, fn)
+            graphs[label] = torch_graph(torch, lambda i, fn=fn: fn(tensors[i]), len(tensors))
+            result[label] = {"error": error, "wall_s": round(time.monotonic() - started, 1)}
+        except Exception as exc:  # report and go on: one peer failing must not end the benchmark
+            result[label] = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+    for label, (median, spread) in torch_graph_medians(torch, graphs, rounds).items():
+        result[label].update(time_us=round(median, 4), spread_us=round(spread, 4))
+    del graphs
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return result

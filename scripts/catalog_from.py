@@ -1,8 +1,9 @@
 """Gather the winners that bench scripts stored on a GPU into the shipped catalog of that GPU.
 
 Usage: python3 scripts/catalog_from.py --gpu "NVIDIA H200" [--keep] DB [DB ...]
-Writes autogen/data/pretuned_<gpu>.json: replacing it, or with --keep adding to it (the file's
-entries for problems the databases do not hold stay).
+Writes autogen/catalog/data/pretuned_<gpu>.json (the folder the dispatcher reads the shipped
+catalog from: autogen.catalog.pretuned.CATALOG_DIR): replacing it, or with --keep adding to it
+(the file's entries for problems the databases do not hold stay).
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+
+def catalog_path(gpu: str) -> Path:
+    """The shipped catalog file of `gpu` (its name as the winners were stored under)."""
+    from autogen.catalog.pretuned import CATALOG_DIR
+
+    slug = re.sub(r"[^a-z0-9]+", "_", gpu.lower()).strip("_")
+    return CATALOG_DIR / f"pretuned_{slug}.json"
 
 
 def main() -> int:
@@ -25,8 +32,7 @@ def main() -> int:
 
     from autogen.catalog.pretuned import dump_catalog
 
-    slug = re.sub(r"[^a-z0-9]+", "_", args.gpu.lower()).strip("_")
-    path = ROOT / "autogen" / "data" / f"pretuned_{slug}.json"
+    path = catalog_path(args.gpu)
     count = dump_catalog([TuningDB(db, readonly=True) for db in args.databases], args.gpu, path, keep=args.keep)
     print(f"wrote {count} winners to {path}")
     return 0 if count else 1

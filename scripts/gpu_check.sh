@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 # Stages (default: tests pretuned bench dispatch families): tests (every GPU test), pretuned (tune
 # the shipped sgemv grid), bench (sgemv vs cuBLAS), dispatch (host cost per family, regret),
 # families (reduce/softmax), quality (search strategies against exhaustive search), and the
-# benchmarks of the families and features added since: sgemm, hgemv, elementwise,
+# benchmarks of the families and features added since: sgemm, hgemv, elementwise, gemm_bias_act,
 # histogram_copy_if, speed (tuning wall time with phases), pdl (programmatic dependent launch),
 # multi_gpu (needs two GPUs), driver_only (a fresh venv from wheels, the system toolkit hidden). Each bench stage stores its winners in $GRID_DB or its own database
 # under OUT_DIR; scripts/catalog_from.py turns them into the shipped catalog of the GPU.
@@ -54,6 +54,7 @@ for stage in $stages; do
     sgemm) run_stage sgemm python3 scripts/bench_sgemm.py --out "$out/sgemm" --db "sqlite:///$out/sgemm.db" ;;
     hgemv) run_stage hgemv python3 scripts/bench_hgemv.py --out "$out/hgemv" --db "sqlite:///$out/hgemv.db" ;;
     elementwise) run_stage elementwise python3 scripts/bench_elementwise.py --out "$out/elementwise" --db "sqlite:///$out/elementwise.db" ;;
+    gemm_bias_act) run_stage gemm_bias_act python3 scripts/bench_gemm_bias_act.py --out "$out/gemm_bias_act" --db "sqlite:///$out/gemm_bias_act.db" --trials 24 --budget 220 ;;
     histogram_copy_if) run_stage histogram_copy_if python3 scripts/bench_histogram_copy_if.py --out "$out/hc" --db "sqlite:///$out/hc.db" ;;
     speed) run_stage speed python3 scripts/bench_tune_speed.py --out "$out/speed" ;;
     pdl) run_stage pdl python3 scripts/bench_pdl.py --out "$out/pdl" ;;

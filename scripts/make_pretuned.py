@@ -22,6 +22,9 @@ README_SHAPES = ((16384, 16), (16384, 32), (16384, 128), (16384, 1024), (4096, 4
 SCAN_SHAPES = tuple((dtype, n, scan, "auto") for dtype in ("float32", "int32") for scan in ("inclusive", "exclusive")
                     for n in (2**24, 2**28, 1_000_003, 16_777_259, 123_456_791)) + tuple(
     (dtype, 2**24, "inclusive", acc) for dtype, acc in (("float16", "auto"), ("bfloat16", "auto"), ("int32", "int64")))
+# --family gemm_bias_act: the benchmark's named shapes (scripts/bench_gemm_bias_act.py), every activation.
+GEMM_BIAS_ACT = [dict(batch=b, m=m, n=n, k=k, act=act) for b, m, n, k in ((8, 1024, 1024, 1024), (64, 512, 512, 512))
+                 for act in ("relu", "gelu", "none")]
 
 
 def main() -> int:
@@ -29,7 +32,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--db", help="reuse an existing database (shapes already tuned are resumed)")
-    parser.add_argument("--family", choices=("sgemv", "scan"), default="sgemv", help="what to tune (default sgemv)")
+    parser.add_argument("--family", choices=("sgemv", "scan", "gemm_bias_act"), default="sgemv",
+                        help="sgemv's grid (default), or scan's or gemm_bias_act's benchmark shapes")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -41,6 +45,8 @@ def main() -> int:
     family = get_family(args.family)
     if args.family == "scan":
         problems = [family.problem(dtype, n=n, scan=scan, acc_dtype=acc) for dtype, n, scan, acc in SCAN_SHAPES]
+    elif args.family == "gemm_bias_act":
+        problems = [family.problem(**dims) for dims in GEMM_BIAS_ACT]
     else:
         shapes = sorted(set(README_SHAPES) | {(m, n) for m in GRID_M for n in GRID_N})
         problems = [family.problem(m=m, n=n) for m, n in shapes]

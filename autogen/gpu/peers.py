@@ -34,6 +34,10 @@ def _library() -> ctypes.CDLL:
     lib.cublasSgemm_v2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                    ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.cublasSgemmStridedBatched.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int]
     lib.cublasSetMathMode.argtypes = [ctypes.c_void_p, ctypes.c_int]
     return lib
 
@@ -72,6 +76,16 @@ class CublasHandle:
         alpha_c, beta_c = ctypes.c_float(alpha), ctypes.c_float(beta)
         _check(self._lib.cublasSgemm_v2(self._handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, ctypes.byref(alpha_c),
                                         B_ptr, n, A_ptr, k, ctypes.byref(beta_c), C_ptr, n), "cublasSgemm")
+
+    def sgemm_strided_batched_row_major(self, stream_ptr: int, batch: int, m: int, n: int, k: int, A_ptr: int,
+                                        B_ptr: int, C_ptr: int) -> None:
+        """C[b] = A[b] B[b] for `batch` contiguous row-major A (m x k), B (k x n), C (m x n), as
+        sgemm_row_major (torch.bmm's cuBLAS call, TF32 off)."""
+        self._on(stream_ptr)
+        alpha_c, beta_c = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        _check(self._lib.cublasSgemmStridedBatched(
+            self._handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, ctypes.byref(alpha_c), B_ptr, n, k * n, A_ptr, k, m * k,
+            ctypes.byref(beta_c), C_ptr, n, m * n, batch), "cublasSgemmStridedBatched")
 
 
 def cublas_handle() -> CublasHandle | None:

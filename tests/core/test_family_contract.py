@@ -31,7 +31,7 @@ def test_every_point_renders_and_defines_every_step_symbol(name, dtype):
     problem = small_problem(family, dtype)
     names = set()
     for config in family.space.enumerate():
-        kernel = family.kernel_name(dtype, config, problem.traits)
+        kernel = family.kernel_name(dtype, config, problem.traits)  # traits that change the code (Trait.code)
         source = render(family, dtype, config, traits=problem.traits)
         assert "{{" not in source and "{%" not in source
         assert "#include" not in source  # NVRTC gets no include path

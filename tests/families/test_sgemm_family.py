@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from autogen.errors import UsageError
-from autogen.families import sgemm as sgemm_module
-from autogen.families.sgemm import SPACE, geometry, launch_bounds_cap
+from autogen.families import _gemm as sgemm_module
+from autogen.families._gemm import SPACE, geometry, launch_bounds_cap
 from autogen.gpu.device import sm_count
 from autogen.core.registry import get_family
 from autogen.core.render import render
 from family_checks import held
+from nvcc_tools import float_bits as floats, harness_error, harness_output as harness
 
 FAMILY = get_family("sgemm")
 
@@ -506,22 +507,11 @@ int main(int argc, char** argv)
     selftest::Rng rng(std::strtoull(argv[inputs ? 6 : 7], nullptr, 10));
     W::make_inputs(beta, rng, a, b, c);
     if (inputs) {
-        for (const std::vector<float>* v : {&a, &b, &c}) {
-            for (float x : *v) {
-                std::uint32_t bits;
-                std::memcpy(&bits, &x, sizeof bits);
-                std::printf("%u ", bits);
-            }
-            std::printf("\n");
-        }
+        for (const std::vector<float>* v : {&a, &b, &c}) print_bits(*v);
         return 0;
     }
     std::vector<float> out(c.size());
-    for (float& x : out) {
-        std::uint32_t bits = 0;
-        if (std::scanf("%u", &bits) != 1) return 2;
-        std::memcpy(&x, &bits, sizeof x);
-    }
+    if (!read_bits(out)) return 2;
     std::string why;
     const double error = W::output_error(a, b, c, out, m, n, k, alpha, beta, &why);
     std::printf("%.17g\n%s\n", error, why.c_str());
@@ -532,8 +522,8 @@ int main(int argc, char** argv)
 
 @pytest.fixture(scope="module")
 def hook_harness(tmp_path_factory):
-    from nvcc_tools import nvcc_or_skip
-    from test_export import H100, WERROR, run, run_export, store_winner
+    from nvcc_tools import build_hook_harness
+    from test_export import H100, run_export, store_winner
     from tuning_db import TuningDB
 
     root = tmp_path_factory.mktemp("sgemm_export")
@@ -548,25 +538,9 @@ def hook_harness(tmp_path_factory):
     selftest = (out / "autogen_sgemm_selftest.cu").read_text()
     assert "class Workload {" in selftest and "no self-test hook" not in selftest
     assert f"static constexpr double kTolerance = {FAMILY.tolerance};" in selftest
-    source = root / "harness.cu"
-    source.write_text(HOOK_HARNESS)
-    binary = root / "harness"
-    run([nvcc_or_skip(), "-std=c++17", *WERROR, f"-I{out}", "-c", str(source), "-o", str(root / "harness.o")])
     # The exported kernels and the self-test build for sm_90 with warnings as errors; the
     # harness only needs the self-test's host code, linked against the library.
-    run([nvcc_or_skip(), "-arch=sm_90", "-std=c++17", "-O3", *WERROR, "-c", str(out / "autogen_sgemm.cu"),
-         "-o", str(root / "kernels.o")])
-    run([nvcc_or_skip(), "-arch=sm_90", str(root / "harness.o"), str(root / "kernels.o"), "-o", str(binary)])
-    return binary
-
-
-def harness(binary, *args, stdin=None) -> list[str]:
-    from test_export import run
-    return run([str(binary), *map(str, args)], input=stdin).stdout.splitlines()
-
-
-def floats(line: str) -> np.ndarray:
-    return np.array([int(b) for b in line.split()], dtype=np.uint32).view(np.float32)
+    return build_hook_harness(out, "autogen_sgemm.cu", HOOK_HARNESS)
 
 
 def test_hook_checks_all_rows_of_small_shapes_and_a_sample_of_large_ones(hook_harness):
@@ -590,9 +564,7 @@ def test_hook_error_passes_fp32_results_and_catches_wrong_ones(hook_harness):
         magnitude = FAMILY.reference_magnitude(problem_, inputs, np)
 
         def error(out):
-            text = " ".join(map(str, out.astype(np.float32).view(np.uint32).ravel().tolist()))
-            result = harness(hook_harness, "error", m, n, k, alpha, beta, seed, stdin=text + "\n")
-            return float(result[0]), (result[1] if len(result) > 1 else "")
+            return harness_error(hook_harness, out, "error", m, n, k, alpha, beta, seed)
 
         got, why = error(ref)
         want = FAMILY.compare(problem_, {**inputs, "C": ref.astype(np.float32)}, ref, magnitude, np)[0]

@@ -73,6 +73,29 @@ def test_a_torch_graph_holds_whole_passes_over_the_sets_of_about_the_target_time
     assert benchlib.graph_calls(5, 5000.0) == 5  # a long call: one pass over the sets
 
 
+def test_torch_functions_are_checked_timed_and_a_failure_reported(monkeypatch):
+    class Cuda:  # the calls time_torch_functions makes on torch.cuda after timing
+        synchronize = empty_cache = staticmethod(lambda: None)
+
+    torch = type("torch", (), {"cuda": Cuda})
+    captured = []
+    monkeypatch.setattr(benchlib, "torch_graph", lambda torch, call, sets: (captured.append(call(sets - 1)), 4))
+    monkeypatch.setattr(benchlib, "torch_graph_medians",
+                        lambda torch, graphs, rounds: {label: (10.0 + len(label), 0.5) for label in graphs})
+
+    def check(label, fn):
+        if label == "broken":
+            raise RuntimeError("no kernel image\nmore")
+        return fn(1) * 1e-7
+
+    functions = {"ours": lambda t: t, "peer": lambda t: 2 * t, "broken": lambda t: t, "absent": None}
+    result = benchlib.time_torch_functions(torch, functions, [1, 2, 3], check, rounds=3)
+    assert result["ours"]["time_us"] == 14.0 and result["ours"]["error"] == 1e-7
+    assert result["peer"]["spread_us"] == 0.5 and result["peer"]["error"] == 2e-7
+    assert result["broken"] == {"failed": "RuntimeError: no kernel image"}
+    assert "absent" not in result and captured == [3, 6]  # each captured over the last of 3 sets too
+
+
 def test_render_table_aligns_columns_and_leaves_a_short_rows_last_cell_uncounted():
     assert render_table([("a", "x"), ("long label", None)]) == "a           x\nlong label  -"
     text = benchlib.table(("shape", "us", "kernel"), [("16384x16", "3.125", "k1"), ("no winner: a long reason",)])
