@@ -24,7 +24,9 @@ cp "$src"/bin/{postgres,initdb,pg_ctl} "lib/postgresql/$version/bin/"
 # initdb loads plpgsql and the snowball dictionaries into template1.
 cp "$src"/lib/{plpgsql.so,dict_snowball.so} "lib/postgresql/$version/lib/"
 cp -r /usr/share/postgresql/$version share/postgresql/
-rm -rf "share/postgresql/$version"/{man,contrib,extension/*--*.sql}
+# Extensions' scripts but plpgsql's (initdb installs it), the manual pages, contrib.
+rm -rf "share/postgresql/$version"/{man,contrib}
+find "share/postgresql/$version/extension" -type f ! -name 'plpgsql*' -delete
 # The shared libraries, but the C library's own (the other machine's glibc must be as new) and
 # the C++ runtime's (CUDA machines have theirs).
 for binary in lib/postgresql/$version/bin/* lib/postgresql/$version/lib/*.so; do
@@ -32,7 +34,7 @@ for binary in lib/postgresql/$version/bin/* lib/postgresql/$version/lib/*.so; do
 done | sort -u | grep -v -E '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' | while read -r so; do
   cp -L "$so" so/
 done
-tar -cJf "$dir/server.tar.xz" .
+XZ_OPT="-6 -T0" tar -cJf "$dir/server.tar.xz" .
 cd - >/dev/null
 cat > "$dir/pg.sh" <<'EOF'
 #!/usr/bin/env bash

@@ -161,7 +161,8 @@ def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: lis
         db_totals.update(d["db"])
     n = max(1, len(stored))
     return {"wall_s": round(wall, 2), "stored": len(stored), "budget": trials * len(shapes),
-            "duplicates": sum(c - 1 for c in counted.values() if c > 1),
+            # Kernel names are per problem: counted for a single problem only.
+            "duplicates": sum(c - 1 for c in counted.values() if c > 1) if len(shapes) == 1 else None,
             "search_span_s": round(search_s, 2), "trials_per_s": round(len(stored) / search_s, 2) if search_s else None,
             "cpu_busy": round(cpu_s / wall / (os.cpu_count() or 1), 2),
             "statements_per_trial": round(db_totals["statements"] / n, 1),
