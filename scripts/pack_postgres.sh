@@ -52,7 +52,7 @@ case ${1:-} in
   start)
     data=$2 port=$3
     mkdir -p "$data" && { [ "$(id -u)" != 0 ] || chown nobody "$data"; }
-    as "$bin/initdb -D $data/db -A trust -U postgres" >"$data/initdb.log" 2>&1 || { cat "$data/initdb.log" >&2; exit 1; }
+    as "$bin/initdb -D $data/db -A trust -U postgres -E UTF8 --locale=C" >"$data/initdb.log" 2>&1 || { cat "$data/initdb.log" >&2; exit 1; }
     as "$bin/pg_ctl -D $data/db -l $data/server.log -w -o '-k $data -p $port -c listen_addresses=127.0.0.1 -c max_connections=400' start" >/dev/null \
       || { cat "$data/server.log" >&2; exit 1; }
     echo "postgresql+psycopg://postgres@127.0.0.1:$port/postgres" ;;
