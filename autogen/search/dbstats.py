@@ -9,7 +9,7 @@ the process's (every thread's): two search loops of one process (several GPUs' o
 the other's statements in their difference.
 
 Lock waits: a SQLite writer takes the write lock at its BEGIN IMMEDIATE, a PostgreSQL writer at
-its row lock (SELECT ... FOR UPDATE); the time of those statements is counted apart as
+its row lock (SELECT ... FOR UPDATE) or a claim at its problem's advisory lock; the time of those statements is counted apart as
 ``lock_wait_s``: time spent queueing behind other writers rather than working.
 """
 
@@ -54,7 +54,8 @@ def snapshot() -> DbCounts:
 
 def _takes_lock(statement: str) -> bool:
     head = statement.lstrip()[:40].upper()
-    return head.startswith("BEGIN IMMEDIATE") or "FOR UPDATE" in statement[-40:].upper()
+    return (head.startswith("BEGIN IMMEDIATE") or "FOR UPDATE" in statement[-40:].upper()
+            or "pg_advisory_xact_lock" in statement)
 
 
 def _writes(statement: str) -> bool:
