@@ -43,20 +43,22 @@ def worker(args) -> None:
     """A tuner process: tunes ``args.shapes`` on the replay aid, writes its report to args.report."""
     from autogen.core.registry import get_family
     from autogen.distributed.multi_gpu import tune_problems
+    from autogen.distributed.order import in_start_order
     from autogen.search import dbstats
     from autogen.search.tuner import TuneOptions
     from autogen.testing.replay import ReplayBackend, load
 
     dbstats.install()
     family = get_family("sgemv")
-    problems = [family.problem(m=m, n=n) for m, n in json.loads(args.shapes)]
+    # As `autogen tune` takes them: from this process's place in the list round.
+    problems = in_start_order([family.problem(m=m, n=n) for m, n in json.loads(args.shapes)])
     gpus = tuple(range(args.gpus)) if args.gpus > 1 else None
     options = TuneOptions(db_url=args.db, trials=args.trials, workers=1, sampler=args.sampler, seed=args.seed,
                           lease_s=60.0, gpus=gpus, retime_rounds=3)
     made: list = []
     meet = {p: args.parties for p in problems} if args.parties > 1 else None
     factory = ReplayBackend.factory(load(RECORDING), delay_s=args.eval_ms / 1000, made=made,
-                                    meet_in=args.meet or None, meet=meet)
+                                    meet_in=args.meet or None, meet=meet, log_to=args.evaluations)
     cpu0, wall0 = os.times(), time.monotonic()
     results = tune_problems(problems, options, lambda _line: None, backend_factory=factory)
     wall = time.monotonic() - wall0
@@ -122,7 +124,8 @@ def run(url: str, processes: int, shapes: list, trials: int, eval_ms: float, sam
     children = [subprocess.Popen([sys.executable, __file__, "worker", "--db", url, "--shapes", json.dumps(shapes),
                                   "--trials", str(trials), "--eval-ms", str(eval_ms), "--sampler", sampler,
                                   "--seed", str(i), "--gpus", str(gpus), "--report", str(report),
-                                  "--meet", str(meet), "--parties", str(processes * (gpus if len(shapes) == 1 else 1))],
+                                  "--meet", str(meet), "--parties", str(processes * (gpus if len(shapes) == 1 else 1)),
+                                  "--evaluations", str(folder / "evaluations.log")],
                                  env=env, stdout=subprocess.DEVNULL, stderr=open(report.with_suffix(".log"), "w"))
                 for i, report in enumerate(reports)]
     deadline = time.monotonic() + timeout_s
@@ -134,15 +137,18 @@ def run(url: str, processes: int, shapes: list, trials: int, eval_ms: float, sam
     if failed:
         raise SystemExit(f"{len(failed)} worker(s) failed; the first's log ends:\n{failed[0]}")
     docs = [json.loads(r.read_text()) for r in reports]
+    evaluations = (folder / "evaluations.log").read_text().splitlines()
     return summarise(url, docs, wall, (cpu1.children_user - cpu0.children_user)
-                     + (cpu1.children_system - cpu0.children_system), shapes, trials)
+                     + (cpu1.children_system - cpu0.children_system), shapes, trials, evaluations)
 
 
-def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: list, trials: int) -> dict:
+def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: list, trials: int,
+              evaluations: list[str]) -> dict:
+    """The run's figures; ``evaluations``: every evaluation of every process (helper processes'
+    included), a line "problem kernel" each."""
     from tuning_db import TuningDB
     from autogen.testing.replay import ReplayBackend, load
 
-    evaluated = [name for d in docs for name in d["evaluated"]]
     db = TuningDB(url)
     device = ReplayBackend(load(RECORDING)).device
     stored = []
@@ -151,7 +157,7 @@ def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: lis
     created = sorted(t.created_at for t in stored)
     db.close()
     search_s = _span(created)
-    counted = collections.Counter(evaluated)
+    counted = collections.Counter(evaluations)  # per problem and kernel
     phases = collections.Counter()
     for d in docs:
         for p in d["problems"]:
@@ -161,8 +167,7 @@ def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: lis
         db_totals.update(d["db"])
     n = max(1, len(stored))
     return {"wall_s": round(wall, 2), "stored": len(stored), "budget": trials * len(shapes),
-            # Kernel names are per problem: counted for a single problem only.
-            "duplicates": sum(c - 1 for c in counted.values() if c > 1) if len(shapes) == 1 else None,
+            "evaluations": len(evaluations), "duplicates": sum(c - 1 for c in counted.values() if c > 1),
             "search_span_s": round(search_s, 2), "trials_per_s": round(len(stored) / search_s, 2) if search_s else None,
             "cpu_busy": round(cpu_s / wall / (os.cpu_count() or 1), 2),
             "statements_per_trial": round(db_totals["statements"] / n, 1),
@@ -261,6 +266,7 @@ def main() -> int:
     parser.add_argument("--shapes"), parser.add_argument("--trials", type=int), parser.add_argument("--seed", type=int)
     parser.add_argument("--gpus", type=int, default=1), parser.add_argument("--report")
     parser.add_argument("--meet", default=""), parser.add_argument("--parties", type=int, default=0)
+    parser.add_argument("--evaluations", help="the file every evaluation is logged to (problem, kernel)")
     args = parser.parse_args()
     if args.what == "worker":
         args.eval_ms = args.eval_ms[0] if isinstance(args.eval_ms, list) else args.eval_ms
