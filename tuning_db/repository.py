@@ -23,8 +23,8 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ from tuning_db.engine import (
     transaction,
     UPGRADE_HINT,
     upsert_template,
+    write_queue,
 )
 from tuning_db.rows import (
     CACHE_MODES,
@@ -628,7 +629,7 @@ class TuningDB:
     def _write(self) -> AbstractContextManager[Session]:
         if self._readonly:
             raise DatabaseError(f"{display_url(self._url)} was opened read-only", self._url)
-        return transaction(self._writer, self._url)
+        return _queued_transaction(self._writer, self._url)
 
     def _upsert(self, session: Session, model: type[Base], values: Mapping[str, Any], key: tuple[str, ...],
                 returning: tuple[str, ...] = ("id",)):
@@ -656,6 +657,14 @@ class TuningDB:
 
     def _upsert_gpu(self, session: Session, device: DeviceIdentity) -> int:
         return self._upsert(session, GpuRow, GpuRow.values_of(device), GPU_KEY)
+
+
+@contextmanager
+def _queued_transaction(bind, url: str) -> Iterator[Session]:
+    """A write transaction, queued behind this process's other writers of a SQLite file first
+    (tuning_db.engine.write_queue)."""
+    with write_queue(url), transaction(bind, url) as session:
+        yield session
 
 
 def _winner_with_id(m: Mapping) -> tuple[object, WinnerRecord]:
@@ -764,7 +773,9 @@ def _problem_params(gpu_id: int, trial: TrialRecord) -> dict[str, Any]:
 
 
 _GPU_ID = select(GpuRow.id).where(GpuRow.name == bindparam("name"), GpuRow.compute_capability == bindparam("cc"))
-_LOCK_GPU = _GPU_ID.with_for_update()
+# FOR NO KEY UPDATE: the GPU row's lockers queue behind each other, while the foreign-key checks
+# of claims and trials inserted meanwhile (FOR KEY SHARE) do not wait for them.
+_LOCK_GPU = _GPU_ID.with_for_update(key_share=True)
 # What a claim decides on, in one round trip (it holds the problem's lock meanwhile): the
 # variant's claim row (c_*, all None where there is none), a stored trial of the kernel, and the
 # problem's stored trials (not rejected) plus running claims.

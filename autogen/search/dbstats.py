@@ -54,7 +54,7 @@ def snapshot() -> DbCounts:
 
 def _takes_lock(statement: str) -> bool:
     head = statement.lstrip()[:40].upper()
-    return (head.startswith("BEGIN IMMEDIATE") or "FOR UPDATE" in statement[-40:].upper()
+    return (head.startswith("BEGIN IMMEDIATE") or statement[-40:].upper().rstrip().endswith(("FOR UPDATE", "FOR NO KEY UPDATE"))
             or "pg_advisory_xact_lock" in statement)
 
 

@@ -80,3 +80,19 @@ def test_a_worker_out_of_budget_polls_soon_then_less_often(monkeypatch):
     assert waits[1] > waits[0] and waits[2] > waits[1]  # the same claim still in flight: less often
     assert waits[3] == claims.DRAIN_POLL_S  # another claim: soon again
     assert max(waits) <= drain.lease.heartbeat_s / 2
+
+
+def test_a_claims_problem_lock_counts_as_a_lock_wait():
+    assert dbstats._takes_lock("SELECT extract(epoch from clock_timestamp()) FROM (SELECT set_config('x', "
+                               "'off', true), pg_advisory_xact_lock(%(key)s)) AS locked")
+    assert not dbstats._takes_lock("SELECT 1")
+
+
+def test_the_replay_aid_logs_each_evaluation_with_its_problem(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    log = tmp_path / "evaluations.log"
+    factory = ReplayBackend.factory(RECORDING, log_to=log)
+    Tuner(PROBLEM, TuneOptions(db_url=f"sqlite:///{tmp_path / 't.db'}", workers=1, trials=4, sampler="random"),
+          progress=lambda _line: None, backend_factory=factory).run()
+    lines = log.read_text().splitlines()
+    assert len(lines) == 4 and all(line.startswith("sgemv-float32-m8192-n16 ") for line in lines)
