@@ -3,12 +3,16 @@
     python scripts/bench_multi_gpu.py --out DIR [--part shapes|one|all]
 
   shapes: 8 sgemv shapes, 60 trials each:  `autogen tune sgemv --shapes F --trials 60 --gpus 0`
-          against the same with `--gpus all`  (target: >= 1.8x faster on 2 GPUs)
+          against the same with `--gpus all`  (target: >= 1.9x faster on 2 GPUs)
   one:    one shape, 240 trials, `--gpus 0` against `--gpus all`  (target: >= 1.6x)
-Every run starts from an empty database and an empty kernel cache (compiles included), as a
+  procs:  the 8 shapes by one process on GPU 0 against two processes at once, one per GPU
+          (CUDA_VISIBLE_DEVICES), sharing one database: a SQLite file, or with --db URL a
+          PostgreSQL database on that server (target: >= 1.8x)
+Every run starts from an empty database, an empty kernel cache and an empty CuPy cache (compiles
+included), as a
 user's first tune does. The winners of the 1-GPU and the all-GPU runs are compared by their
-stored (re-timed) times: within 2% is the target. Writes DIR/multi_gpu_<gpu>.json, the logs, and
-prints the table.
+stored (re-timed) times: within 2% is the target. Writes DIR/multi_gpu_<gpu>.json (with each
+process's phases: `phases_s`), the logs, and prints the table.
 """
 
 from __future__ import annotations
@@ -28,32 +32,59 @@ SHAPES = [(m, n) for m in (4096, 16384) for n in (16, 32, 128, 1024)]
 ONE = (16384, 16)
 
 
-def tune(out: Path, name: str, shapes: list[tuple[int, int]], trials: int, gpus: str) -> dict:
+def tune(out: Path, name: str, shapes: list[tuple[int, int]], trials: int, gpus: str, processes: int = 1,
+         db_url: str | None = None) -> dict:
+    """One cold run: its own database (a SQLite file, or ``db_url``, a fresh PostgreSQL database),
+    kernel cache and CuPy cache. ``processes`` > 1: that many `autogen tune` processes at once,
+    one per GPU (CUDA_VISIBLE_DEVICES), sharing the database as machines would."""
     work = out / name
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     shapes_file = work / "shapes.txt"
     shapes_file.write_text("".join(f"m={m} n={n}\n" for m, n in shapes))
     env = {**os.environ, "AUTOGEN_CACHE_DIR": str(work / "kernels"), "XDG_CACHE_HOME": str(work / "cache"),
-           "AUTOGEN_NO_PRETUNED": "1"}
+           "CUPY_CACHE_DIR": str(work / "cupy"), "AUTOGEN_NO_PRETUNED": "1"}
+    url = db_url or f"sqlite:///{work / 'tuning.db'}"
+    if processes > 1:
+        subprocess.run([sys.executable, "-m", "autogen", "db", "upgrade", "--db", url], check=True, env=env,
+                       stdout=subprocess.DEVNULL)  # once, as the multi-machine recipe does
     command = [sys.executable, "-m", "autogen", "tune", "sgemv", "--shapes", str(shapes_file),
-               "--trials", str(trials), "--gpus", gpus, "--db", f"sqlite:///{work / 'tuning.db'}", "--json"]
+               "--trials", str(trials), "--db", url, "--json"]
     started = time.monotonic()
-    with open(work / "stderr.log", "w") as log:
-        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    runs = []
+    for i in range(processes):
+        gpu_env = {**env, "CUDA_VISIBLE_DEVICES": str(i)} if processes > 1 else env
+        log = open(work / f"stderr{i}.log", "w")
+        runs.append(subprocess.Popen(command + (["--gpus", gpus] if processes == 1 else []), env=gpu_env,
+                                     stdout=subprocess.PIPE, stderr=log, text=True))
+    outputs = [run.communicate()[0] for run in runs]
     wall = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}); see {work / 'stderr.log'}")
-    documents = json.loads(done.stdout)
-    documents = documents if isinstance(documents, list) else [documents]
-    (work / "result.json").write_text(json.dumps(documents, indent=1))
+    if any(run.returncode != 0 for run in runs):
+        raise SystemExit(f"{' '.join(command)} failed; see {work}/stderr*.log")
+    per_process = []
+    for output in outputs:
+        documents = json.loads(output)
+        per_process.append(documents if isinstance(documents, list) else [documents])
+    (work / "result.json").write_text(json.dumps(per_process, indent=1))
+    documents = per_process[-1]  # every process stores its own winner; the last one's stands
     winners = {f"{d['problem']['shape']['m']}x{d['problem']['shape']['n']}":
                {"kernel": d["winner"]["kernel"], "time_us": d["winner"]["time_us"],
-                "measured": d["trials"]["measured"] + d["trials"]["failed"], "gpus": d.get("gpus")}
-               for d in documents}
+                "measured": sum(p[i]["trials"]["measured"] + p[i]["trials"]["failed"] for p in per_process),
+                "gpus": d.get("gpus")}
+               for i, d in enumerate(documents)}
     print(f"{name}: {wall:.1f} s", file=sys.stderr, flush=True)
-    return {"name": name, "gpus": gpus, "trials": trials, "shapes": len(shapes), "wall_s": round(wall, 2),
-            "winners": winners}
+    return {"name": name, "gpus": gpus, "processes": processes, "trials": trials, "shapes": len(shapes),
+            "wall_s": round(wall, 2), "winners": winners, "phases_s": [phase_totals(p) for p in per_process]}
+
+
+def phase_totals(documents: list[dict]) -> dict:
+    """One process's phases (autogen.search.tuner: wall parts, the search loops' parts, the
+    database's counts), summed over its problems."""
+    totals: dict = {}
+    for d in documents:
+        for key, value in (d.get("phases_s") or {}).items():
+            totals[key] = round(totals.get(key, 0) + value, 3)
+    return totals
 
 
 def compare(one: dict, many: dict, target: float) -> dict:
@@ -65,10 +96,28 @@ def compare(one: dict, many: dict, target: float) -> dict:
             "winners_within_2pct": worst <= 0.02, "worst_winner_gap": round(worst, 4)}
 
 
+def fresh_database(server: str | None) -> str | None:
+    """A new database on the PostgreSQL server ``server``; None (a SQLite file per run) without one."""
+    if not server:
+        return None
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    name = "autogen_bench_" + uuid.uuid4().hex[:8]
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return server.rsplit("/", 1)[0] + "/" + name
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=["shapes", "one", "all"], default="all")
+    parser.add_argument("--part", choices=["shapes", "one", "all", "procs"], default="all")
+    parser.add_argument("--db", default=None, help="procs: a PostgreSQL server's URL (a database per run) "
+                        "instead of a SQLite file")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import cupy  # noqa: the GPUs this machine has, for the record
@@ -84,17 +133,24 @@ def main() -> int:
     if args.part in ("shapes", "all"):
         one = tune(args.out, "shapes_1gpu", SHAPES, 60, "0")
         many = tune(args.out, "shapes_all", SHAPES, 60, "all")
-        report["shapes"] = {"one_gpu": one, "all_gpus": many, **compare(one, many, 1.8)}
+        report["shapes"] = {"one_gpu": one, "all_gpus": many, **compare(one, many, 1.9)}
     if args.part in ("one", "all"):
         one = tune(args.out, "one_1gpu", [ONE], 240, "0")
         many = tune(args.out, "one_all", [ONE], 240, "all")
         report["one_problem"] = {"one_gpu": one, "all_gpus": many, **compare(one, many, 1.6)}
+    if args.part == "procs":
+        key = "procs_" + ("postgresql" if args.db else "sqlite")
+        one = tune(args.out, f"{key}_1", SHAPES, 60, "0", db_url=fresh_database(args.db))
+        many = tune(args.out, f"{key}_2", SHAPES, 60, "all", processes=2, db_url=fresh_database(args.db))
+        report[key] = {"one_gpu": one, "all_gpus": many, **compare(one, many, 1.8)}
     write_results(args.out, "multi_gpu", names[0], report)
     print(f"GPUs: {', '.join(names)}")
     print(table(("benchmark", "1 GPU s", f"{count} GPUs s", "speedup", "target", "winners <=2%", "worst gap"),
                 ((label, f"{r['one_gpu']['wall_s']:.1f}", f"{r['all_gpus']['wall_s']:.1f}", f"{r['speedup']:.2f}x",
                   f"{r['target']:.1f}x", r["winners_within_2pct"], f"{100 * r['worst_winner_gap']:.1f}%")
-                 for key, label in (("shapes", "8 shapes x 60 trials"), ("one_problem", "1 shape x 240 trials"))
+                 for key, label in (("shapes", "8 shapes x 60 trials"), ("one_problem", "1 shape x 240 trials"),
+                                    ("procs_sqlite", "2 processes, one SQLite file"),
+                                    ("procs_postgresql", "2 processes, one PostgreSQL"))
                  if (r := report.get(key)))))
     return 0
 

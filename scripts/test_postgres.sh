@@ -3,7 +3,7 @@
 #   scripts/test_postgres.sh start   prints the server's SQLAlchemy URL (non-zero exit: none here)
 #   scripts/test_postgres.sh stop    stops the server this script started and removes its files
 set -euo pipefail
-state=/tmp/autogen-test-postgres.dir
+state=${AUTOGEN_TEST_POSTGRES_STATE:-/tmp/autogen-test-postgres.dir}
 port=${AUTOGEN_TEST_POSTGRES_PORT:-55432}
 
 bin_dir() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }

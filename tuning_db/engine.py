@@ -226,6 +226,32 @@ def transaction(bind: Engine | Connection, url: str) -> Iterator[Session]:
         yield session
 
 
+# SQLite's busy handler sleeps between tries (1 ms growing to 100 ms), so a writer queued behind
+# another wakes up to 100 ms after the lock is free. Writers of one process (the owners of
+# several GPUs, each with its own TuningDB) queue here first, on a lock that wakes the next
+# one as soon as it is released; SQLite's lock still decides between processes.
+_file_write_locks: dict[str, threading.Lock] = {}
+
+
+@contextmanager
+def write_queue(url: str) -> Iterator[None]:
+    """Hold this process's write lock of a SQLite file for a write transaction (nothing for
+    other databases). After SQLITE_BUSY_TIMEOUT_MS the transaction goes ahead without it, so
+    nothing waits forever behind a stuck writer (SQLite's busy timeout then decides)."""
+    path = _sqlite_file(url)
+    if path is None:
+        yield
+        return
+    with _writers_lock:
+        lock = _file_write_locks.setdefault(str(path.resolve()), threading.Lock())
+    held = lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+    try:
+        yield
+    finally:
+        if held:
+            lock.release()
+
+
 # -- opening and migrating ------------------------------------------------------------------------
 
 

@@ -19,15 +19,16 @@ tuning_db.rows (what the schema at hand holds, rows checked into records).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, delete, func, insert, select, text, update
+from sqlalchemy import bindparam, delete, func, insert, literal, select, text, true, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
@@ -50,6 +51,7 @@ from tuning_db.engine import (
     transaction,
     UPGRADE_HINT,
     upsert_template,
+    write_queue,
 )
 from tuning_db.rows import (
     CACHE_MODES,
@@ -114,6 +116,7 @@ class TuningDB:
     ):
         self._url = as_url(url)
         self._readonly = readonly
+        self._gpu_ids: dict[tuple[str, str], int] = {}  # see _gpu_id
         self._schema: _Schema | None = None if readonly else _HEAD
         if readonly:
             self._engine = _readonly_engine(self._url)
@@ -245,6 +248,8 @@ class TuningDB:
             gpu_id = _lock_gpu(session, device)
             if gpu_id is None:
                 return 0
+            for cache_mode in CACHE_MODES:  # no claim of the problem is decided meanwhile
+                _lock_problem(session, gpu_id, family, dtype, shape_key, cache_mode)
             deleted = 0
             for model in (ClaimRow, WinnerRow, TrialRow):  # the winner first: it references a trial
                 statement = delete(model).where(
@@ -441,25 +446,26 @@ class TuningDB:
         are reached. A lapsed lease is taken over (pass no budget: it holds its place already),
         and so is one with more than ``longest_lease_s`` left (no worker keeping to that bound
         wrote it: a worker killed holding it would block the variant). Decided under the write lock (SQLite: BEGIN
-        IMMEDIATE; PostgreSQL: the GPU row FOR UPDATE), so concurrent workers never both win,
-        and the budget is exact across them."""
+        IMMEDIATE; PostgreSQL: a transaction-level advisory lock on the problem, see _lock_problem),
+        so concurrent workers never both win, and the budget is exact across them."""
         with self._write() as session:
             connection = session.connection()
-            gpu_id = self._locked_gpu_id(session, device)
+            gpu_id = self._gpu_id(session, device)
             problem = _problem_params(gpu_id, trial)
-            now = _db_epoch(session)
-            row = connection.execute(_CLAIM_OF_VARIANT, {**problem, "variant": variant}).one_or_none()
-            if row is not None and row.state == "done":
-                return Claim("done", row.kernel_name)
-            left = None if row is None else _lease_left(row.expires_at, now)
-            if left is not None and 0 < left <= (longest_lease_s or math.inf) and row.owner != owner:
-                return Claim("taken", row.kernel_name)
-            stored = connection.execute(_STORED_KERNEL, {**problem, "kernel_name": trial.kernel_name}).scalar()
-            if stored is not None:  # measured before claims existed, or without one
-                return Claim("done", stored)
+            now = _lock_problem(session, gpu_id, trial.family, trial.dtype, trial.shape_key, trial.cache_mode)
+            found = connection.execute(_CLAIM_CHECK, {**problem, "variant": variant,
+                                                      "kernel_name": trial.kernel_name}).one()
+            row = None if found.c_id is None else found
+            if row is not None and row.c_state == "done":
+                return Claim("done", row.c_kernel_name)
+            left = None if row is None else _lease_left(row.c_expires_at, now)
+            if left is not None and 0 < left <= (longest_lease_s or math.inf) and row.c_owner != owner:
+                return Claim("taken", row.c_kernel_name)
+            if found.stored is not None:  # measured before claims existed, or without one
+                return Claim("done", found.stored)
             # Stored trials (not rejected) and running claims, lapsed ones included: a dead
             # worker's variant keeps its place in the budget until a live worker takes it over.
-            if budget is not None and connection.execute(_LAUNCHED, problem).scalar_one() >= budget:
+            if budget is not None and found.launched >= budget:
                 return Claim("budget")
             values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
                           owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
@@ -467,18 +473,22 @@ class TuningDB:
                 connection.execute(_NEW_CLAIM, {**_problem_values(gpu_id, trial), "variant": variant,
                                                       "attempts": 1, "created_at": values["updated_at"], **values})
                 return Claim("claimed", trial.kernel_name)
-            connection.execute(_UPDATE_CLAIM, {"claim_id": row.id, "attempts": row.attempts + 1, **values})
-            return Claim("claimed", trial.kernel_name, taken_over=row.owner != owner, previous=row.owner)
+            connection.execute(_UPDATE_CLAIM, {"claim_id": row.c_id, "attempts": row.c_attempts + 1, **values})
+            return Claim("claimed", trial.kernel_name, taken_over=row.c_owner != owner, previous=row.c_owner)
 
     def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
         """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
         never left measured but claimed, nor done but unstored. The claim is marked done even if
-        its lease had lapsed and another worker took it over (the measurement is as good)."""
+        its lease had lapsed and another worker took it over (the measurement is as good).
+
+        No lock: the budget was settled when the variant was claimed, and this transaction turns
+        a running claim into a stored trial at once (a claim counting the budget sees both or
+        neither). A failed trial locks the GPU row, as set_winner does, to withdraw a winner."""
         _check_choice("status", trial.status, TRIAL_STATUSES)
         values = TrialRow.values_of(device, trial)
         with self._write() as session:
             connection = session.connection()
-            gpu_id = self._locked_gpu_id(session, device)
+            gpu_id = _lock_gpu(session, device) if trial.status != "ok" else self._gpu_id(session, device)
             values.update(gpu_id=gpu_id, created_at=_now())
             stored = self._upsert(session, TrialRow, values, TRIAL_KEY, returning=_TRIAL_COLUMNS)
             if trial.status != "ok":
@@ -619,7 +629,7 @@ class TuningDB:
     def _write(self) -> AbstractContextManager[Session]:
         if self._readonly:
             raise DatabaseError(f"{display_url(self._url)} was opened read-only", self._url)
-        return transaction(self._writer, self._url)
+        return _queued_transaction(self._writer, self._url)
 
     def _upsert(self, session: Session, model: type[Base], values: Mapping[str, Any], key: tuple[str, ...],
                 returning: tuple[str, ...] = ("id",)):
@@ -632,17 +642,29 @@ class TuningDB:
         result = session.connection().execute(statement, dict(values))
         return result.scalar_one() if returning == ("id",) else result.one()
 
-    def _locked_gpu_id(self, session: Session, device: DeviceIdentity) -> int:
-        """The GPU row's id, locked (see _lock_gpu); inserted first where missing. Claims are
-        frequent: the row is looked up before an upsert is built."""
-        gpu_id = _lock_gpu(session, device)
+    def _gpu_id(self, session: Session, device: DeviceIdentity) -> int:
+        """The GPU row's id, inserted first where missing; remembered per TuningDB (GPU rows are
+        never deleted), so a claim does not look it up again."""
+        key = (device.name, device.compute_capability)
+        gpu_id = self._gpu_ids.get(key)
         if gpu_id is None:
-            self._upsert_gpu(session, device)
-            gpu_id = _lock_gpu(session, device)
+            found = session.connection().execute(_GPU_ID, {"name": device.name, "cc": device.compute_capability})
+            gpu_id = found.scalar_one_or_none()
+            if gpu_id is None:  # remembered once committed: found by the next call
+                return self._upsert_gpu(session, device)
+            self._gpu_ids[key] = gpu_id
         return gpu_id
 
     def _upsert_gpu(self, session: Session, device: DeviceIdentity) -> int:
         return self._upsert(session, GpuRow, GpuRow.values_of(device), GPU_KEY)
+
+
+@contextmanager
+def _queued_transaction(bind, url: str) -> Iterator[Session]:
+    """A write transaction, queued behind this process's other writers of a SQLite file first
+    (tuning_db.engine.write_queue)."""
+    with write_queue(url), transaction(bind, url) as session:
+        yield session
 
 
 def _winner_with_id(m: Mapping) -> tuple[object, WinnerRecord]:
@@ -695,6 +717,23 @@ def _lock_gpu(session: Session, device: DeviceIdentity) -> int | None:
     return found.scalar_one_or_none()
 
 
+def _lock_problem(session: Session, gpu_id: int, family: str, dtype: str, shape_key: str, cache_mode: str) -> float:
+    """Serialize the claims of one problem (on the GPU row ``gpu_id``) and return the
+    database's clock (_db_epoch). SQLite: BEGIN IMMEDIATE holds the file's write lock already.
+    PostgreSQL: a transaction-level advisory lock on a 64-bit hash of the problem (a collision
+    only serializes two problems), so workers of different problems never wait for each other;
+    in the same round trip the transaction stops waiting for its commit to reach the disk
+    (``synchronous_commit`` off): the lock is released only after the commit, and a claim is a
+    lease, which a server crash may lose (its variant is claimed again) at no cost to the
+    stored trials, whose transactions still wait for the disk."""
+    connection = session.connection()
+    if connection.dialect.name != "postgresql":
+        return _db_epoch(session)
+    digest = hashlib.blake2b(json.dumps([gpu_id, family, dtype, shape_key, cache_mode]).encode(), digest_size=8).digest()
+    key = int.from_bytes(digest, "big", signed=True)
+    return float(connection.execute(_LOCK_PROBLEM, {"key": key}).scalar_one())
+
+
 def _same_problem(model, device: DeviceIdentity, family: str, dtype: str, shape_key: str):
     """Where-clauses for one problem of ``model`` (joined with GpuRow) on one GPU model."""
     return (
@@ -733,19 +772,24 @@ def _problem_params(gpu_id: int, trial: TrialRecord) -> dict[str, Any]:
     return {f"where_{name}": value for name, value in _problem_values(gpu_id, trial).items()}
 
 
-_LOCK_GPU = (select(GpuRow.id)
-             .where(GpuRow.name == bindparam("name"), GpuRow.compute_capability == bindparam("cc"))
-             .with_for_update())
-_CLAIM_OF_VARIANT = select(ClaimRow.__table__).where(*_where_problem(ClaimRow), ClaimRow.variant == bindparam("variant"))
-_STORED_KERNEL = (select(TrialRow.kernel_name)
-                  .where(*_where_problem(TrialRow), TrialRow.kernel_name == bindparam("kernel_name"),
-                         TrialRow.status != "rejected")
-                  .limit(1))
-_LAUNCHED = select(
-    select(func.count()).select_from(TrialRow)
-    .where(*_where_problem(TrialRow), TrialRow.status != "rejected").scalar_subquery()
-    + select(func.count()).select_from(ClaimRow)
-    .where(*_where_problem(ClaimRow), ClaimRow.state == "running").scalar_subquery())
+_GPU_ID = select(GpuRow.id).where(GpuRow.name == bindparam("name"), GpuRow.compute_capability == bindparam("cc"))
+# FOR NO KEY UPDATE: the GPU row's lockers queue behind each other, while the foreign-key checks
+# of claims and trials inserted meanwhile (FOR KEY SHARE) do not wait for them.
+_LOCK_GPU = _GPU_ID.with_for_update(key_share=True)
+# What a claim decides on, in one round trip (it holds the problem's lock meanwhile): the
+# variant's claim row (c_*, all None where there is none), a stored trial of the kernel, and the
+# problem's stored trials (not rejected) plus running claims.
+_claim_row = select(ClaimRow.__table__).where(*_where_problem(ClaimRow), ClaimRow.variant == bindparam("variant")).subquery()
+_CLAIM_CHECK = select(
+    *(column.label(f"c_{column.name}") for column in _claim_row.columns),
+    select(TrialRow.kernel_name)
+    .where(*_where_problem(TrialRow), TrialRow.kernel_name == bindparam("kernel_name"), TrialRow.status != "rejected")
+    .limit(1).scalar_subquery().label("stored"),
+    (select(func.count()).select_from(TrialRow)
+     .where(*_where_problem(TrialRow), TrialRow.status != "rejected").scalar_subquery()
+     + select(func.count()).select_from(ClaimRow)
+     .where(*_where_problem(ClaimRow), ClaimRow.state == "running").scalar_subquery()).label("launched"),
+).select_from(select(literal(1).label("one")).subquery().outerjoin(_claim_row, true()))
 _NEW_CLAIM = insert(ClaimRow.__table__)
 # Executed with the new values by column name (kernel_name, params, owner, ...): the SET clause.
 _UPDATE_CLAIM = update(ClaimRow.__table__).where(ClaimRow.id == bindparam("claim_id"))
@@ -754,6 +798,8 @@ _CLAIM_DONE = (update(ClaimRow.__table__)
                .values(state="done"))
 _DELETE_WINNER_OF_TRIAL = delete(WinnerRow.__table__).where(WinnerRow.trial_id == bindparam("trial_id"))
 _TRIAL_COLUMNS = tuple(column.name for column in TrialRow.__table__.columns)
+_LOCK_PROBLEM = text("SELECT extract(epoch from clock_timestamp()) FROM "
+                     "(SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(:key)) AS locked")
 _EPOCH = {"postgresql": text("SELECT extract(epoch from clock_timestamp())"),
           "sqlite": text("SELECT (julianday('now') - 2440587.5) * 86400.0")}
 

@@ -24,9 +24,13 @@ def cmd_tune(args) -> int:
 def tune_documents(args, problems, tables: bool) -> list[dict]:
     """Tune `problems` with the tune options in `args` (the GPUs of --gpus, resuming from the
     database), each problem's summary (autogen.report.tune_summary) in order; `tables`: print
-    each problem's table as it finishes."""
+    each problem's table as it finishes. Problems are tuned from this process's place in the
+    list round (autogen.distributed.order), so processes sharing a database start apart."""
+    from autogen.distributed.order import in_start_order
+
+    in_turn = in_start_order(problems)
     if getattr(args, "gpus", None) is None:
-        _prestart_gpu_work(args, problems[0])  # before the tuner's imports: they overlap its start-up
+        _prestart_gpu_work(args, in_turn[0])  # before the tuner's imports: they overlap its start-up
     from autogen.distributed.multi_gpu import parse_gpus, resolve_gpus, tune_problems
     gpus = parse_gpus(getattr(args, "gpus", None))
     from autogen.gpu.device import require_cupy, require_gpu
@@ -57,7 +61,7 @@ def tune_documents(args, problems, tables: bool) -> list[dict]:
                 print(tune_table(tune_summary(result)) + ("\n" if len(problems) > 1 else ""), flush=True)
 
     try:
-        results = tune_problems(problems, options, progress, on_result=show)
+        results = tune_problems(in_turn, options, progress, on_result=show)
     finally:
         progress.close()
         from autogen.gpu.backend import discard_prestarted

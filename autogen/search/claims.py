@@ -26,6 +26,10 @@ if TYPE_CHECKING:  # the loop imports this module
 
 log = logging.getLogger("autogen.search.claims")
 
+# A worker out of budget reads the other workers' claims in flight again after this long at
+# first (TakeOver._drain), then less often while they stay the same.
+DRAIN_POLL_S = 0.02
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -140,7 +144,13 @@ class TakeOver:
 
     def _drain(self, started: float) -> list[_Pending]:
         """Wait while other workers hold live claims of this problem; returns the ones that lapse
-        meanwhile, taken over (empty once no claim is left running, or the time limit is up)."""
+        meanwhile, taken over (empty once no claim is left running, or the time limit is up).
+
+        The claims are read again after DRAIN_POLL_S, then less and less often (up to a poll of
+        the lease, ``heartbeat_s / 2``) while the same claims stay in flight: a claim in flight
+        is usually done within an evaluation, and a worker that slept a whole poll of the lease
+        (5 s at the default lease) before re-timing made a second GPU slower than none."""
+        poll, seen = DRAIN_POLL_S, None
         while True:
             taken = self._take_over_lapsed()
             if taken:
@@ -153,7 +163,10 @@ class TakeOver:
             if self.timed_out(started):
                 self.progress(f"the time limit is up: not waiting for {len(live)} variant(s) other workers hold")
                 return []
-            wait = min(self.lease.heartbeat_s / 2, max(0.05, min(c.expires_in_s for c in live) + 0.05))
+            held = {(c.owner, c.variant) for c in live}
+            poll = DRAIN_POLL_S if held != seen else min(poll * 1.5, self.lease.heartbeat_s / 2)
+            seen = held
+            wait = min(poll, max(0.05, min(c.expires_in_s for c in live) + 0.05))
             if self.options.timeout_s is not None:  # woken for the time limit, too
                 wait = min(wait, max(0.05, self.options.timeout_s - (time.monotonic() - started)))
             time.sleep(wait)

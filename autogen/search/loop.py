@@ -29,7 +29,7 @@ from autogen.core.space import Space
 from autogen.errors import CompileError, UsageError
 from autogen.gpu.compile import compile_options
 from autogen.gpu.measure import time_into
-from autogen.search import studies
+from autogen.search import dbstats, studies
 from autogen.search.claims import body_hash, Heartbeat, Lease, new_owner, TakeOver
 from autogen.search.optuna_internals import FixedSpaceTPESampler
 from autogen.search.progress import TrialDone
@@ -80,7 +80,9 @@ class SearchCounts:
     taken_over: int = 0  # variants whose worker died, measured here instead
     evaluated: list = field(default_factory=list)  # kernel names evaluated by this loop, in order
     # Seconds this loop's thread spent per part of the search (study_open, ask, prepare, claim,
-    # store, wait_gpu, study_close): where the search's wall time goes, reported as phases.
+    # store, wait_gpu, refresh, take_over, wait_others, study_close), its GPU thread's
+    # (gpu_thread_compile_wait, gpu_thread_evaluate), and the process's database work over the
+    # loop (autogen.search.dbstats: db_*): where the search's wall time goes, reported as phases.
     spent_s: collections.Counter = field(default_factory=collections.Counter)
 
     def add(self, other: "SearchCounts") -> None:
@@ -146,6 +148,7 @@ class SearchLoop(TakeOver):
         # Seeds are tried even where the shape would prune them: the default is the baseline.
         self.seed_keys = {_key(p) for p in self.start.seeds}
         self.dists = dists = distributions(space)
+        db_before = dbstats.snapshot()
         with self._timed("study_open"):  # the shared study opens on its writer thread meanwhile
             study = self.study = self.open_study()
             study.add_known(self.start.measured, dists)
@@ -191,9 +194,12 @@ class SearchLoop(TakeOver):
                         break
                     if time.monotonic() - last_check > self.lease.heartbeat_s / 2:
                         last_check = time.monotonic()
-                        for entry in self._take_over_lapsed():
+                        with self._timed("take_over"):
+                            taken = self._take_over_lapsed()
+                        for entry in taken:
                             submit(entry)
-                    study.refresh(min_interval_s=REFRESH_S, wait=False)
+                    with self._timed("refresh"):
+                        study.refresh(min_interval_s=REFRESH_S, wait=False)
                     can_ask = len(pending) < depth and may_ask()
                     # Results are stored and told only once asking is done for now (not as soon
                     # as the GPU is done), oldest first: the order of asks and tells, hence a
@@ -214,7 +220,9 @@ class SearchLoop(TakeOver):
                         break
                     # Done asking: wait for the other workers' variants of this problem, and
                     # take over those whose worker died.
-                    for entry in self._drain(started):
+                    with self._timed("wait_others"):  # the other workers' claims in flight
+                        taken = self._drain(started)
+                    for entry in taken:
                         submit(entry)
                     if not pending:
                         break
@@ -225,6 +233,7 @@ class SearchLoop(TakeOver):
                 gpu.shutdown(wait=True, cancel_futures=True)
                 with self._timed("study_close"):
                     study.close()
+                self.counts.spent_s.update(dbstats.snapshot().minus(db_before).as_phases())
         study.wait_open()  # a search that ended before a refresh saw the study fail to open fails too
         if options.sampler == "exhaustive" and self._unmeasured(exhaustive):
             self.progress("note: the trial budget ended the exhaustive search early (raise --trials)")
@@ -380,7 +389,8 @@ class SearchLoop(TakeOver):
         worker (`best_us`: the best time so far, for stopping a clearly slower variant early).
         Returns the Outcome, or the compile error."""
         try:
-            cubin = entry.future.result()
+            with self._timed("gpu_thread_compile_wait"):
+                cubin = entry.future.result()
         except CompileError as exc:
             return exc
         except Exception as exc:  # a compile worker died
@@ -389,7 +399,8 @@ class SearchLoop(TakeOver):
         # (in queue order, so a seeded search stops the same variants early every time).
         if self.gpu_best_us is not None:
             best_us = self.gpu_best_us if best_us is None else min(best_us, self.gpu_best_us)
-        outcome = self.backend.evaluator.evaluate(entry.name, cubin, entry.config.as_dict(), best_us=best_us)
+        with self._timed("gpu_thread_evaluate"):
+            outcome = self.backend.evaluator.evaluate(entry.name, cubin, entry.config.as_dict(), best_us=best_us)
         if outcome.status == "ok" and outcome.samples_us:
             measured = statistics.median(outcome.samples_us)
             self.gpu_best_us = measured if self.gpu_best_us is None else min(self.gpu_best_us, measured)

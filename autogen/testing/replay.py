@@ -70,7 +70,8 @@ class ReplayEvaluator:
     """Answers the calls the tuner makes of a GPU evaluator, from a recording."""
 
     def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
-                 fault_after: int | None = None, meeting: tuple[Meeting, str] | None = None):
+                 fault_after: int | None = None, meeting: tuple[Meeting, str] | None = None,
+                 log: tuple[str, str] | None = None):
         self.recording = recording
         self.crash_on = crash_on  # kernel names whose evaluation kills the "worker"
         self.delay_s = delay_s  # per evaluation, so that concurrent tuners overlap as on a GPU
@@ -78,6 +79,7 @@ class ReplayEvaluator:
         self.meeting = meeting  # (the Meeting, this problem's mark): attended before the first evaluation
         self.restarts = 0
         self.evaluated: list[str] = []
+        self.log = log  # (file, problem mark): each evaluation appended as a line, by any process
         self.retimed: list[list[str]] = []
 
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
@@ -89,6 +91,9 @@ class ReplayEvaluator:
         if self.fault_after is not None and len(self.evaluated) >= self.fault_after:
             raise RuntimeError(f"replayed GPU fault after {self.fault_after} evaluations")
         self.evaluated.append(kernel_name)
+        if self.log is not None:
+            with open(self.log[0], "a") as log:  # one short write per line: processes' lines never mix
+                log.write(f"{self.log[1]} {kernel_name}\n")
         if self.delay_s:
             time.sleep(self.delay_s)
         if kernel_name in self.crash_on:
@@ -123,27 +128,30 @@ class ReplayBackend:
 
     def __init__(self, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
                  device_index: int | None = None, fault_after: int | None = None,
-                 meeting: tuple[Meeting, str] | None = None):
+                 meeting: tuple[Meeting, str] | None = None, log: tuple[str, str] | None = None):
         if recording.get("format") != RECORDING_FORMAT:
             raise ValueError(f"unsupported recording format {recording.get('format')!r}")
         self.device = DeviceIdentity(**recording["device"])
         self.device_index = device_index  # the "GPU" it stands for (autogen.distributed.multi_gpu)
         self.free_bytes = 80 * 2**30
-        self.evaluator = ReplayEvaluator(recording, crash_on, delay_s, fault_after, meeting)
+        self.evaluator = ReplayEvaluator(recording, crash_on, delay_s, fault_after, meeting, log)
         self.compiled: list[str] = []
 
     @classmethod
     def factory(cls, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
                 made: list | None = None, fault_after: dict[int, int] | None = None,
-                meet_in: str | Path | None = None, meet: dict[Problem, int] | None = None) -> "ReplayFactory":
+                meet_in: str | Path | None = None, meet: dict[Problem, int] | None = None,
+                log_to: str | Path | None = None) -> "ReplayFactory":
         """A backend_factory; every backend it makes in this process is appended to ``made``
         when given. ``fault_after``: GPU (device index) -> evaluations its evaluator answers
         before it raises, as a GPU lost mid-search. ``meet``: problem -> how many evaluators
         (tuner or helper processes, in any process) start measuring it together, meeting in the
-        folder ``meet_in`` (see Meeting)."""
+        folder ``meet_in`` (see Meeting). ``log_to``: a file every evaluation of every backend
+        it makes, in any process, appends a line to: the problem and the kernel evaluated."""
         meetings = {_mark(p.family, p.dtype, p.dims): Meeting(str(meet_in), parties)
                     for p, parties in (meet or {}).items()}
-        return ReplayFactory(recording, frozenset(crash_on), delay_s, made, dict(fault_after or {}), meetings)
+        return ReplayFactory(recording, frozenset(crash_on), delay_s, made, dict(fault_after or {}), meetings,
+                             None if log_to is None else str(log_to))
 
     def __enter__(self) -> "ReplayBackend":
         return self
@@ -171,13 +179,15 @@ class ReplayFactory:
     made: list | None = None
     fault_after: dict[int, int] = field(default_factory=dict)
     meetings: dict[str, Meeting] = field(default_factory=dict)  # problem mark -> its Meeting
+    log_to: str | None = None  # see ReplayBackend.factory
 
     def __call__(self, spec, _workers, _eval_timeout_s, **_shared) -> ReplayBackend:
         device_index = getattr(spec, "device_index", None)
         mark = _mark(spec.family, spec.dtype, spec.dims)
         meeting = (self.meetings[mark], mark) if mark in self.meetings else None
         backend = ReplayBackend(self.recording, self.crash_on, self.delay_s, device_index,
-                                self.fault_after.get(device_index), meeting)
+                                self.fault_after.get(device_index), meeting,
+                                None if self.log_to is None else (self.log_to, mark))
         if self.made is not None:
             self.made.append(backend)
         return backend

@@ -702,3 +702,35 @@ def test_a_second_tuningdb_on_an_open_file_keeps_the_first_one_s_locks(tmp_path)
     subprocess.run([sys.executable, "-c", code], check=True, env=checkout_env())
     assert path.with_name("shared.db-wal").exists()  # the other process was not the last one
     assert first.winners() == [] and second.winners() == []
+
+
+def test_writers_of_one_process_queue_for_a_sqlite_file_on_one_lock(tmp_path):
+    # Two TuningDBs of one file (a multi-GPU run has one per problem) queue on this process's
+    # lock of the file, which wakes the next writer when released (SQLite's busy handler
+    # sleeps up to 100 ms between tries); other databases queue on nothing of autogen's.
+    import threading
+
+    from tuning_db import engine
+
+    path = tmp_path / "t.db"
+    first, second = TuningDB(path), TuningDB(f"sqlite:///{path}")
+    entered = threading.Event()
+    order: list[str] = []
+
+    def write_second() -> None:
+        entered.set()
+        second.record_trial(H100, make_trial("gemv_b"))
+        order.append("second")
+
+    with engine.write_queue(first.url):
+        thread = threading.Thread(target=write_second)
+        thread.start()
+        entered.wait(10)
+        order.append("first")  # the second writer waits for the queue, not SQLite's lock
+    thread.join(30)
+    assert order == ["first", "second"]
+    first.record_trial(H100, make_trial("gemv_a"))
+    assert sorted(t.kernel_name for t in first.trials(H100, "gemv", "float32", SHAPE)) == ["gemv_a", "gemv_b"]
+    with engine.write_queue("postgresql+psycopg://u@h/db"):
+        pass  # not a file: nothing to queue on
+    first.close(), second.close()

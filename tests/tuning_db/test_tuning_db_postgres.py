@@ -82,3 +82,39 @@ def test_dispatcher_chain_reads_postgres(pg_url, monkeypatch):
     steps = [step for step, _ in Dispatcher(pg_url)._candidates(sgemv, sgemv.problem(m=8192, n=16), H100, False)]
     assert steps == ["nearest", "default"]
     pretuned.pretuned_db.cache_clear()
+
+
+def test_claims_lock_their_problem_and_completing_locks_nothing(pg_url):
+    # Another transaction holds the GPU model's row (as set_winner does) and one problem's
+    # claim lock: a claim of another problem, and the completion of a claim, go ahead (before,
+    # both waited for the GPU row). Waits are bounded by the joins, never asserted as times.
+    import threading
+
+    from sqlalchemy import create_engine, text
+    from test_tuning_db import H100, make_trial
+    from tuning_db import TuningDB
+    from tuning_db.repository import _lock_problem
+
+    db = TuningDB(pg_url)
+    first = make_trial("gemv_a", shape_key="m=1,n=16", status="rejected")
+    assert db.claim(H100, first, "v1", "w1", 60.0, budget=4).status == "claimed"
+    other = make_trial("gemv_b", shape_key="m=2,n=16", status="rejected")
+    holder = create_engine(pg_url)
+    with holder.connect() as connection:
+        gpu_id = connection.execute(text("SELECT id FROM autogen_gpus FOR NO KEY UPDATE")).scalar_one()
+        from sqlalchemy.orm import Session
+        with Session(bind=connection) as session:
+            _lock_problem(session, gpu_id, "gemv", "float32", "m=1,n=16", "cold")
+        done: dict = {}
+
+        def work() -> None:
+            done["claim"] = db.claim(H100, other, "v2", "w1", 60.0, budget=4).status
+            done["stored"] = db.complete_claim(H100, make_trial("gemv_a", shape_key="m=1,n=16"), "v1", "w1").status
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        thread.join(60)
+        assert done == {"claim": "claimed", "stored": "ok"}
+        connection.rollback()
+    holder.dispose()
+    assert [c.state for c in db.claims(H100, "gemv", "float32", "m=1,n=16")] == ["done"]
+    db.close()

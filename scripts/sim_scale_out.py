@@ -1,0 +1,283 @@
+"""Tuning that scales out, simulated on a machine without GPUs: worker processes on one database,
+the replay test aid (autogen.testing.replay) standing in for each GPU with a fixed sleep per
+evaluation. Writes one JSON document (throughput, efficiency, database round trips and rows
+written per trial, per-phase seconds, duplicates) and prints the table.
+
+    python scripts/sim_scale_out.py scale --db URL --workers 8,16,32,64 --eval-ms 50,500 --out F.json
+    python scripts/sim_scale_out.py cases --db URL --out F.json [--eval-ms 30]
+
+scale: N tuner processes (`autogen tune` as on N machines, one GPU each) tune one problem
+       together; each sampler is random (TPE's fit would make the simulator CPU-bound before the
+       database is: state how busy the CPU was, `cpu_busy`, next to every figure). Throughput
+       counts the trials stored between the first and the last evaluation of the run.
+cases: the three runs of issue 38 on simulated GPUs: 8 shapes x 60 trials on 1 vs 2 GPUs,
+       1 shape x 240 trials on 1 vs 2 GPUs, and 1 vs 2 processes sharing the database (TPE).
+
+Every run gets a database of its own (a new SQLite file, or a new PostgreSQL database on the
+server of --db). The figures are of this simulation on this machine, never of a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RECORDING = ROOT / "tests" / "assets" / "replay_sgemv_8192x16.json"
+SHAPES = [(m, n) for m in (4096, 16384) for n in (16, 32, 128, 1024)]
+
+
+# -- one worker process ----------------------------------------------------------------------------
+
+
+def worker(args) -> None:
+    """A tuner process: tunes ``args.shapes`` on the replay aid, writes its report to args.report."""
+    from autogen.core.registry import get_family
+    from autogen.distributed.multi_gpu import tune_problems
+    from autogen.distributed.order import in_start_order
+    from autogen.search import dbstats
+    from autogen.search.tuner import TuneOptions
+    from autogen.testing.replay import ReplayBackend, load
+
+    dbstats.install()
+    family = get_family("sgemv")
+    # As `autogen tune` takes them: from this process's place in the list round.
+    problems = in_start_order([family.problem(m=m, n=n) for m, n in json.loads(args.shapes)])
+    gpus = tuple(range(args.gpus)) if args.gpus > 1 else None
+    options = TuneOptions(db_url=args.db, trials=args.trials, workers=1, sampler=args.sampler, seed=args.seed,
+                          lease_s=60.0, gpus=gpus, retime_rounds=3)
+    made: list = []
+    meet = {p: args.parties for p in problems} if args.parties > 1 else None
+    factory = ReplayBackend.factory(load(RECORDING), delay_s=args.eval_ms / 1000, made=made,
+                                    meet_in=args.meet or None, meet=meet, log_to=args.evaluations)
+    cpu0, wall0 = os.times(), time.monotonic()
+    results = tune_problems(problems, options, lambda _line: None, backend_factory=factory)
+    wall = time.monotonic() - wall0
+    cpu1 = os.times()
+    Path(args.report).write_text(json.dumps({
+        "wall_s": wall, "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
+        "evaluated": [name for b in made for name in b.evaluator.evaluated],
+        "db": dbstats.snapshot().__dict__,
+        "problems": [{"shape": p.shape_key, "measured": r.measured + r.failed, "phases_s": r.phases_s,
+                      "winner": r.winner.trial.kernel_name if r.winner else None,
+                      "winner_us": r.winner.trial.time_us if r.winner else None}
+                     for p, r in zip(problems, results)],
+    }))
+
+
+# -- databases --------------------------------------------------------------------------------------
+
+
+class Databases:
+    """A fresh database per run: a SQLite file under ``folder``, or a PostgreSQL database on the
+    server of ``server`` (dropped after the run)."""
+
+    def __init__(self, server: str, folder: Path):
+        self.server, self.folder = server, folder
+
+    def new(self) -> str:
+        if not self.server.startswith("postgresql"):
+            return f"sqlite:///{self.folder / (uuid.uuid4().hex[:8] + '.db')}"
+        from sqlalchemy import create_engine, text
+
+        name = "autogen_sim_" + uuid.uuid4().hex[:10]
+        admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+        return self.server.rsplit("/", 1)[0] + "/" + name
+
+    def drop(self, url: str) -> None:
+        if not url.startswith("postgresql"):
+            return
+        from sqlalchemy import create_engine, text
+
+        admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)'))
+        admin.dispose()
+
+
+# -- runs -------------------------------------------------------------------------------------------
+
+
+def run(url: str, processes: int, shapes: list, trials: int, eval_ms: float, sampler: str, gpus: int = 1,
+        folder: Path | None = None, timeout_s: float = 900) -> dict:
+    """``processes`` tuner processes on ``url``; their reports and the run's figures."""
+    from tuning_db import upgrade
+
+    upgrade(url)  # as `autogen db upgrade` would, once
+    folder = Path(tempfile.mkdtemp(prefix="autogen-sim-", dir=folder))
+    meet = folder / "meet"
+    reports = [folder / f"w{i}.json" for i in range(processes)]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    cpu0, wall0 = os.times(), time.monotonic()
+    children = [subprocess.Popen([sys.executable, __file__, "worker", "--db", url, "--shapes", json.dumps(shapes),
+                                  "--trials", str(trials), "--eval-ms", str(eval_ms), "--sampler", sampler,
+                                  "--seed", str(i), "--gpus", str(gpus), "--report", str(report),
+                                  "--meet", str(meet), "--parties", str(processes * (gpus if len(shapes) == 1 else 1)),
+                                  "--evaluations", str(folder / "evaluations.log")],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=open(report.with_suffix(".log"), "w"))
+                for i, report in enumerate(reports)]
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        child.wait(max(1, deadline - time.monotonic()))
+    wall = time.monotonic() - wall0
+    cpu1 = os.times()
+    failed = [r.with_suffix(".log").read_text()[-1500:] for c, r in zip(children, reports) if c.returncode != 0]
+    if failed:
+        raise SystemExit(f"{len(failed)} worker(s) failed; the first's log ends:\n{failed[0]}")
+    docs = [json.loads(r.read_text()) for r in reports]
+    evaluations = (folder / "evaluations.log").read_text().splitlines()
+    return summarise(url, docs, wall, (cpu1.children_user - cpu0.children_user)
+                     + (cpu1.children_system - cpu0.children_system), shapes, trials, evaluations)
+
+
+def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: list, trials: int,
+              evaluations: list[str]) -> dict:
+    """The run's figures; ``evaluations``: every evaluation of every process (helper processes'
+    included), a line "problem kernel" each."""
+    from tuning_db import TuningDB
+    from autogen.testing.replay import ReplayBackend, load
+
+    db = TuningDB(url)
+    device = ReplayBackend(load(RECORDING)).device
+    stored = []
+    for m, n in shapes:
+        stored += [t for t in db.trials(device, "sgemv", "float32", f"m={m},n={n}") if t.status != "rejected"]
+    created = sorted(t.created_at for t in stored)
+    db.close()
+    search_s = _span(created)
+    counted = collections.Counter(evaluations)  # per problem and kernel
+    phases = collections.Counter()
+    for d in docs:
+        for p in d["problems"]:
+            phases.update({k: v for k, v in p["phases_s"].items() if isinstance(v, (int, float))})
+    db_totals = collections.Counter()
+    for d in docs:
+        db_totals.update(d["db"])
+    n = max(1, len(stored))
+    return {"wall_s": round(wall, 2), "stored": len(stored), "budget": trials * len(shapes),
+            "evaluations": len(evaluations), "duplicates": sum(c - 1 for c in counted.values() if c > 1),
+            "search_span_s": round(search_s, 2), "trials_per_s": round(len(stored) / search_s, 2) if search_s else None,
+            "cpu_busy": round(cpu_s / wall / (os.cpu_count() or 1), 2),
+            "statements_per_trial": round(db_totals["statements"] / n, 1),
+            "transactions_per_trial": round(db_totals["transactions"] / n, 1),
+            "round_trips_per_trial": round(_round_trips(url, db_totals) / n, 1),
+            "rows_written_per_trial": round(db_totals["rows_written"] / n, 1),
+            "db_lock_wait_s": round(db_totals["lock_wait_s"], 2), "db_statement_s": round(db_totals["statement_s"], 2),
+            "winners": {p["shape"]: p["winner_us"] for d in docs for p in d["problems"] if p["winner_us"]},
+            "per_process": [{"wall_s": round(d["wall_s"], 2), "cpu_s": round(d["cpu_s"], 2),
+                             "evaluated": len(d["evaluated"])} for d in docs],
+            "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())}}
+
+
+def _round_trips(url: str, db: dict) -> int:
+    """A PostgreSQL transaction costs a BEGIN and a COMMIT beside its statements; SQLite's
+    BEGIN is a statement already, and none of it crosses a network."""
+    return db["statements"] + db["transactions"] * (2 if url.startswith("postgresql") else 1)
+
+
+def _span(stamps: list) -> float:
+    from datetime import datetime
+
+    if len(stamps) < 2:
+        return 0.0
+    first, last = (datetime.fromisoformat(str(s)) for s in (stamps[0], stamps[-1]))
+    return (last - first).total_seconds()
+
+
+# -- the two studies --------------------------------------------------------------------------------
+
+
+def scale(args, dbs: Databases) -> dict:
+    out = {"machine": f"{os.cpu_count()} cores, no GPU", "sampler": args.sampler, "runs": []}
+    for eval_ms in args.eval_ms:
+        base = None
+        for workers in args.workers:
+            trials = max(args.min_trials, args.trials_per_worker * workers)
+            url = dbs.new()
+            try:
+                figures = run(url, workers, [list(SHAPES[0])], trials, eval_ms, args.sampler)
+            finally:
+                dbs.drop(url)
+            ideal = workers * 1000 / eval_ms
+            figures.update(workers=workers, eval_ms=eval_ms, trials=trials,
+                           efficiency=round(figures["trials_per_s"] / ideal, 3) if figures["trials_per_s"] else None)
+            base = base or figures
+            out["runs"].append(figures)
+            print(f"{workers:3d} workers, {eval_ms:g} ms: {figures['trials_per_s']} trials/s, efficiency "
+                  f"{figures['efficiency']}, {figures['round_trips_per_trial']} round trips/trial, cpu "
+                  f"{figures['cpu_busy']}, duplicates {figures['duplicates']}", file=sys.stderr, flush=True)
+            write(args.out, out)
+    return out
+
+
+def cases(args, dbs: Databases) -> dict:
+    out = {"machine": f"{os.cpu_count()} cores, no GPU", "eval_ms": args.eval_ms[0], "cases": {}}
+    shapes8 = [list(s) for s in SHAPES]
+    plan = {"shapes_8x60": (shapes8, 60), "one_240": [[[16384, 16]], 240]}
+    for name, (shapes, trials) in plan.items():
+        for label, processes, gpus in (("1gpu", 1, 1), ("2gpus", 1, 2), ("2procs", 2, 1)):
+            if name == "one_240" and label == "2procs":
+                continue
+            url = dbs.new()
+            try:
+                figures = run(url, processes, shapes, trials, args.eval_ms[0], args.sampler, gpus=gpus)
+            finally:
+                dbs.drop(url)
+            out["cases"][f"{name}_{label}"] = figures
+            print(f"{name} {label}: {figures['wall_s']} s, phases {figures['phases_s']}", file=sys.stderr, flush=True)
+            write(args.out, out)
+    for name in plan:
+        one = out["cases"][f"{name}_1gpu"]
+        for label in ("2gpus", "2procs"):
+            other = out["cases"].get(f"{name}_{label}")
+            if other:
+                other["speedup"] = round(one["wall_s"] / other["wall_s"], 3)
+    write(args.out, out)
+    return out
+
+
+def write(path: Path, doc: dict) -> None:
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["scale", "cases", "worker"])
+    parser.add_argument("--db", required=True, help="a PostgreSQL server's URL, or 'sqlite'")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--workers", type=lambda t: [int(x) for x in t.split(",")], default=[8, 16, 32, 64])
+    parser.add_argument("--eval-ms", type=lambda t: [float(x) for x in t.split(",")], default=[50.0, 500.0])
+    parser.add_argument("--trials-per-worker", type=int, default=12)
+    parser.add_argument("--min-trials", type=int, default=0)
+    parser.add_argument("--sampler", default=None)
+    # worker mode
+    parser.add_argument("--shapes"), parser.add_argument("--trials", type=int), parser.add_argument("--seed", type=int)
+    parser.add_argument("--gpus", type=int, default=1), parser.add_argument("--report")
+    parser.add_argument("--meet", default=""), parser.add_argument("--parties", type=int, default=0)
+    parser.add_argument("--evaluations", help="the file every evaluation is logged to (problem, kernel)")
+    args = parser.parse_args()
+    if args.what == "worker":
+        args.eval_ms = args.eval_ms[0] if isinstance(args.eval_ms, list) else args.eval_ms
+        worker(args)
+        return 0
+    args.sampler = args.sampler or ("random" if args.what == "scale" else "tpe")
+    with tempfile.TemporaryDirectory(prefix="autogen-sim-") as folder:
+        dbs = Databases(args.db, Path(folder))
+        (scale if args.what == "scale" else cases)(args, dbs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

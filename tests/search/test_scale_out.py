@@ -1,0 +1,98 @@
+"""The search's phase timings and database counts (autogen.search.dbstats), and the wait of a
+worker out of budget for the other workers' claims (TakeOver._drain): no timing is asserted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from tuning_db import TuningDB
+
+from autogen.core.registry import get_family
+from autogen.search import claims, dbstats
+from autogen.search.claims import Lease, TakeOver
+from autogen.search.tuner import TuneOptions, Tuner
+from autogen.testing.replay import ReplayBackend, load
+
+ASSET = Path(__file__).parent.parent / "assets" / "replay_sgemv_8192x16.json"
+if not ASSET.exists():
+    pytest.skip(f"recording {ASSET.name} not present", allow_module_level=True)
+RECORDING = load(ASSET)
+PROBLEM = get_family("sgemv").problem(m=8192, n=16)
+
+
+def test_a_tune_reports_its_phases_and_database_work(db_url, monkeypatch):
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    backend = ReplayBackend(RECORDING)
+    result = Tuner(PROBLEM, TuneOptions(db_url=db_url, workers=1, trials=6, sampler="random"),
+                   progress=lambda _line: None, backend_factory=lambda *_args: backend).run()
+    phases = result.phases_s
+    for part in ("search_ask", "search_claim", "search_store", "search_refresh", "search_gpu_thread_evaluate",
+                 "search_gpu_thread_compile_wait", "search_db_statement", "search_db_lock_wait"):
+        assert phases[part] >= 0, part
+    # Each of the 6 trials was claimed and stored, each in a transaction of its own at least.
+    assert phases["search_db_transactions_n"] >= 12
+    assert phases["search_db_statements_n"] > phases["search_db_transactions_n"]
+    assert phases["search_db_rows_written_n"] >= 18  # a claim, its trial, the claim marked done
+
+
+def test_the_counters_count_statements_rows_and_transactions(db_url):
+    db = TuningDB(db_url)
+    before = dbstats.snapshot()
+    db.renew_claims("nobody", 10.0)  # one write transaction, no row
+    spent = dbstats.snapshot().minus(before)
+    assert spent.transactions == 1 and spent.statements >= 2 and spent.rows_written == 0  # BEGIN IMMEDIATE, UPDATE
+    assert spent.lock_wait_s <= spent.statement_s
+
+
+class _Draining(TakeOver):
+    """TakeOver._drain against a scripted sequence of other workers' claims in flight."""
+
+    def __init__(self, rounds: list[list[str]]):
+        self.rounds, self.reads = rounds, 0
+        self.owner, self.lease = "me", Lease(60.0)
+        self.options = SimpleNamespace(timeout_s=None, cache_mode="cold")
+        self.stop = SimpleNamespace(is_set=lambda: False)
+        self.device = self.family = None
+        self.problem = SimpleNamespace(family="f", dtype="d", shape_key="s")
+        self.db = SimpleNamespace(claims=self._claims)
+
+    def _take_over_lapsed(self):
+        return []
+
+    def timed_out(self, _started):
+        return False
+
+    def _claims(self, *_key, running=False):
+        held = self.rounds[min(self.reads, len(self.rounds) - 1)]
+        self.reads += 1
+        return [SimpleNamespace(owner="other", variant=v, expires_in_s=50.0) for v in held]
+
+
+def test_a_worker_out_of_budget_polls_soon_then_less_often(monkeypatch):
+    waits = []
+    monkeypatch.setattr(claims.time, "sleep", waits.append)
+    # One claim in flight for 3 reads, then another for 2, then none.
+    drain = _Draining([["a"], ["a"], ["a"], ["b"], ["b"], []])
+    assert drain._drain(started=0.0) == []
+    assert waits[0] == claims.DRAIN_POLL_S  # not a poll of the lease (lease / 12 = 5 s)
+    assert waits[1] > waits[0] and waits[2] > waits[1]  # the same claim still in flight: less often
+    assert waits[3] == claims.DRAIN_POLL_S  # another claim: soon again
+    assert max(waits) <= drain.lease.heartbeat_s / 2
+
+
+def test_a_claims_problem_lock_counts_as_a_lock_wait():
+    assert dbstats._takes_lock("SELECT extract(epoch from clock_timestamp()) FROM (SELECT set_config('x', "
+                               "'off', true), pg_advisory_xact_lock(%(key)s)) AS locked")
+    assert not dbstats._takes_lock("SELECT 1")
+
+
+def test_the_replay_aid_logs_each_evaluation_with_its_problem(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    log = tmp_path / "evaluations.log"
+    factory = ReplayBackend.factory(RECORDING, log_to=log)
+    Tuner(PROBLEM, TuneOptions(db_url=f"sqlite:///{tmp_path / 't.db'}", workers=1, trials=4, sampler="random"),
+          progress=lambda _line: None, backend_factory=factory).run()
+    lines = log.read_text().splitlines()
+    assert len(lines) == 4 and all(line.startswith("sgemv-float32-m8192-n16 ") for line in lines)
