@@ -111,9 +111,9 @@ def winner_launcher(cupy, family, problem, params: dict, arch: str):
     from autogen.core.render import render
 
     config = family.space.check(params)
-    name = family.kernel_name(problem.dtype, config)
+    name = family.kernel_name(problem.dtype, config, problem.traits)  # traits that change the code name it
     module = cupy.cuda.function.Module()
-    module.load(compile_cubin(render(family, problem.dtype, config), arch))
+    module.load(compile_cubin(render(family, problem.dtype, config, traits=problem.traits), arch))
     steps = [(module.get_function(name + s.suffix), s) for s in family.plan(problem, config)]
 
     def launch(inputs: dict) -> None:
