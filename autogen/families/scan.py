@@ -337,7 +337,9 @@ def _shifted(xp, inclusive, exclusive: bool):
 
 def scan_values(xp, rng, n: int, dtype: str, values: str):
     """x of one case, as stored. int32: "small" uniform in [-1000, 1000], "wide" over the whole
-    int32 range (int32 sums wrap). Floats: "uniform" in [0, 1); "exact": -1, 0 or 1, each
+    int32 range (int32 sums wrap). Floats: "uniform" in [0, 1) (float16: in [0, 2^15 / n) past
+    n = 2^15, so the sums, up to about n / 2, stay under its largest finite value 65504 instead of
+    overflowing to inf, which the rounded reference would hold too); "exact": -1, 0 or 1, each
     nonzero with a probability that keeps the sum of |x| under 2^23 (so every partial sum, in
     any order, is an integer exact in fp32, fp16 and bf16 store its rounding only)."""
     if dtype == "int32":
@@ -345,7 +347,8 @@ def scan_values(xp, rng, n: int, dtype: str, values: str):
             return rng.integers(-2**31, 2**31, size=n, dtype=xp.int64).astype(xp.int32)
         return rng.integers(-1000, 1001, size=n, dtype=xp.int32)
     if values == "uniform":
-        return to_storage(xp, rng.random(n, dtype=xp.float32), dtype)
+        scale = min(1.0, 2.0**15 / n) if dtype == "float16" else 1.0
+        return to_storage(xp, rng.random(n, dtype=xp.float32) * xp.float32(scale), dtype)
     signs = rng.integers(-1, 2, size=n, dtype=xp.int32).astype(xp.float32)
     keep = rng.random(n, dtype=xp.float32) < xp.float32(min(1.0, 2.0**23 / n))
     return to_storage(xp, xp.where(keep, signs, xp.float32(0.0)), dtype)
