@@ -140,5 +140,14 @@ def test_peer_runs_and_matches(dtype):
     inputs = FAMILY.make_inputs(problem, cupy, cupy.random.default_rng(5), FAMILY.timing_case(problem))
     peer.run(inputs)
     expected = FAMILY.reference(problem, inputs, cupy)
-    error, reason = judge(FAMILY, problem, inputs, expected, FAMILY.reference_magnitude(problem, inputs, cupy), cupy)
+    magnitude = FAMILY.reference_magnitude(problem, inputs, cupy)
+    if dtype == "bfloat16":
+        # torch.cumsum sums bfloat16 in bfloat16 (each prefix rounded before the next add: on the
+        # H100 its last sum of 10^6 values in [0, 1) was 499712 for 500533), so it is held to what
+        # that rounding allows, not to the family's fp32-summation bound; it must still write all.
+        got = FAMILY.output_values(problem, inputs, "out", cupy).astype(cupy.float64)
+        assert bool(cupy.isfinite(got).all()), f"{peer.name} left outputs unwritten"
+        assert float(cupy.abs(got - expected).max() / magnitude[-1]) < 0.25, peer.name
+        return
+    error, reason = judge(FAMILY, problem, inputs, expected, magnitude, cupy)
     assert not reason, f"{peer.name}: {reason}"
