@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 
 from autogen.cli.options import check_storing_db, check_tune_options, family_of, problems_from_args
+from autogen.distributed.order import in_start_order
 from autogen.report import to_json, tune_summary, tune_table
 from autogen.search.progress import ProgressOutput
 
@@ -26,8 +27,6 @@ def tune_documents(args, problems, tables: bool) -> list[dict]:
     database), each problem's summary (autogen.report.tune_summary) in order; `tables`: print
     each problem's table as it finishes. Problems are tuned from this process's place in the
     list round (autogen.distributed.order), so processes sharing a database start apart."""
-    from autogen.distributed.order import in_start_order
-
     in_turn = in_start_order(problems)
     if getattr(args, "gpus", None) is None:
         _prestart_gpu_work(args, in_turn[0])  # before the tuner's imports: they overlap its start-up

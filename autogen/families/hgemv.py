@@ -102,6 +102,15 @@ def _peeled_rows_twin(config: Config) -> Config | None:
                                                                 x_path=x_path)
 
 
+def _bounded_twin(config: Config) -> Config | None:
+    """The tensor-core seed held to 3 blocks of 256 threads per SM (min_blocks=3), else 2, where
+    the space allows it: such forms won 5120 x 5121 at every batch and 4096 x 11007 at one vector
+    (docs/families/hgemv.md, "a_buffers and min_blocks, measured")."""
+    if config["min_blocks"] != 1:
+        return None
+    return _twin(config, min_blocks=3) or _twin(config, min_blocks=2)
+
+
 def alignment_period(problem: Problem, config: Config) -> int:
     """Blocks per window of rows: with row_align=peeled on rows of n % pack != 0 columns, each of a
     window's `pack` blocks takes the rows of one offset from a pack boundary (the template's
@@ -200,7 +209,7 @@ class Hgemv(GemvFamily):
 
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The default, then for one vector the BATCH1_SEEDS of its row length, then the twins
-        of each (row_align=peeled on rows off the 16-byte boundary, split_k=2, tail=peeled):
+        of each (row_align=peeled on rows off the 16-byte boundary, split_k=2, min_blocks, tail=peeled):
         docs/families/hgemv.md, "Defaults", says which shapes each seed won."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
@@ -210,6 +219,8 @@ class Hgemv(GemvFamily):
         if problem["n"] % 8:  # rows off the 16-byte boundary: each seed with row_align=peeled too
             seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
         seeds += [twin for twin in (self._split_twin(problem, seed) for seed in seeds) if twin is not None]
+        if problem["n"] % 8:  # where they were measured to win (rows off the boundary)
+            seeds += [twin for twin in map(_bounded_twin, seeds) if twin is not None]
         return seeds + [twin for twin in map(_peeled_twin, seeds) if twin is not None]
 
     def _split_twin(self, problem: Problem, config: Config) -> Config | None:
