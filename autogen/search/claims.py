@@ -152,16 +152,16 @@ class TakeOver:
         (5 s at the default lease) before re-timing made a second GPU slower than none."""
         poll, seen = DRAIN_POLL_S, None
         while True:
+            if self.timed_out(started):  # nothing more is measured, lapsed claims included
+                live = [] if self.stop.is_set() else self._live_claims_of_others()
+                if live:
+                    self.progress(f"the time limit is up: not waiting for {len(live)} variant(s) other workers hold")
+                return []
             taken = self._take_over_lapsed()
             if taken:
                 return taken
-            live = [c for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
-                                              self.problem.shape_key, self.options.cache_mode, running=True)
-                    if c.owner != self.owner]
+            live = self._live_claims_of_others()
             if not live or self.stop.is_set():
-                return []
-            if self.timed_out(started):
-                self.progress(f"the time limit is up: not waiting for {len(live)} variant(s) other workers hold")
                 return []
             held = {(c.owner, c.variant) for c in live}
             poll = DRAIN_POLL_S if held != seen else min(poll * 1.5, self.lease.heartbeat_s / 2)
@@ -170,6 +170,11 @@ class TakeOver:
             if self.options.timeout_s is not None:  # woken for the time limit, too
                 wait = min(wait, max(0.05, self.options.timeout_s - (time.monotonic() - started)))
             time.sleep(wait)
+
+    def _live_claims_of_others(self) -> list:
+        return [c for c in self.db.claims(self.device, self.problem.family, self.problem.dtype,
+                                          self.problem.shape_key, self.options.cache_mode, running=True)
+                if c.owner != self.owner]
 
     def _abandon(self) -> None:
         """Interrupted: give the claims back at once, so that no one waits for their leases."""

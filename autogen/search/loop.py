@@ -216,10 +216,9 @@ class SearchLoop(TakeOver):
                             self.in_flight[entry.name] = entry
                             submit(entry)
                         continue
-                    if self.timed_out(started):
-                        break
-                    # Done asking: wait for the other workers' variants of this problem, and
-                    # take over those whose worker died.
+                    # Done asking (or out of time: then the drain only says what others still
+                    # hold): wait for the other workers' variants of this problem, and take over
+                    # those whose worker died.
                     with self._timed("wait_others"):  # the other workers' claims in flight
                         taken = self._drain(started)
                     for entry in taken:
