@@ -12,7 +12,6 @@ import os
 import threading
 from pathlib import Path
 
-from autogen.core.compiler_options import language_std, nvcc_flags
 from autogen.errors import CompileError, GpuUnavailableError
 from autogen.notes import note_once
 from autogen.paths import kernel_cache_dir, write_atomically
@@ -48,13 +47,6 @@ def compile_options(arch: str, family_options: tuple[str, ...] = ()) -> tuple[st
     base = tuple(o for o in BASE_OPTIONS if not (o.startswith("-std=") and any(
         f.startswith("--std=") for f in family_options)))
     return base + (f"--gpu-architecture={arch}",) + tuple(family_options)
-
-
-def nvcc_options(family_options: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """compile_options in nvcc's spelling, without the architecture (nvcc takes -arch): what
-    `autogen check`, `show --resources` and an export's build give nvcc for the same binary."""
-    base = tuple(o for o in BASE_OPTIONS if not o.startswith("-std="))
-    return base + (f"-std={language_std(family_options)}",) + nvcc_flags(family_options)
 
 
 def cache_key(source: str, options: tuple[str, ...], nvrtc: str) -> str:

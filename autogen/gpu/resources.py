@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autogen.errors import CompileError, ToolMissingError
-from autogen.gpu.compile import nvcc_options
+from autogen.core.compiler_options import language_std, nvcc_flags
+from autogen.gpu.compile import BASE_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,13 @@ class KernelResources:
                   else f"spills {self.spill_store_bytes} B stored, {self.spill_load_bytes} B loaded")
         return (f"{self.registers} registers, {self.shared_bytes} B static shared memory, {spills}, "
                 f"{self.stack_frame_bytes} B stack frame, {self.barriers} barriers")
+
+
+def nvcc_options(family_options: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """compile_options in nvcc's spelling, without the architecture (nvcc takes -arch): what
+    `autogen check` and `show --resources` give nvcc (an export's Makefile spells the same)."""
+    base = tuple(o for o in BASE_OPTIONS if not o.startswith("-std="))
+    return base + (f"-std={language_std(family_options)}",) + nvcc_flags(family_options)
 
 
 def nvcc_path() -> str:
