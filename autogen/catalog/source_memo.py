@@ -26,17 +26,18 @@ MEMO_VERSION = 1
 
 
 def rendered_source_hash(family, dtype: str, config, traits: tuple[tuple[str, str], ...]) -> str:
-    """render.source_hash(render(family, dtype, config, traits=traits)), from the memo where
-    this rendering code and these templates have rendered it before."""
+    """render.source_hash(render(family, dtype, config, traits=traits), family.compiler_options),
+    from the memo where this rendering code and these templates have rendered it before."""
     fingerprint = rendering_fingerprint(family.module, tuple(str(folder) for folder in family.template_dirs()))
-    key = hashlib.sha256(json.dumps([family.name, dtype, sorted(config.params), list(traits)],
+    options = [list(family.compiler_options)] if family.compiler_options else []  # none: the key as before
+    key = hashlib.sha256(json.dumps([family.name, dtype, sorted(config.params), list(traits)] + options,
                                     default=str).encode()).hexdigest()
     known = _read().get(fingerprint, {})
     if key in known:
         return known[key]
     from autogen.core.render import render, source_hash
 
-    value = source_hash(render(family, dtype, config, traits=traits))
+    value = source_hash(render(family, dtype, config, traits=traits), family.compiler_options)
     _remember(fingerprint, key, value)
     return value
 

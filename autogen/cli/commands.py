@@ -38,7 +38,8 @@ def cmd_bench(args) -> int:
             raise InvalidConfigError(f"the stored winner of {problem} cannot be re-measured: {reason}")
         config = family.space.check(winner.trial.params)  # never render unchecked stored values
         name = family.kernel_name(problem.dtype, config, problem.traits)
-        cubin = compile_cubin(render(family, problem.dtype, config, traits=problem.traits), evaluator.device.arch)
+        cubin = compile_cubin(render(family, problem.dtype, config, traits=problem.traits), evaluator.device.arch,
+                              family_options=family.compiler_options)
         outcome = evaluator.evaluate(name, cubin, config.as_dict())
         if outcome.status != "ok":
             raise NotTunedError(f"the stored winner {name} failed now: {outcome.reason}")
@@ -208,7 +209,8 @@ def cmd_show(args) -> int:
     }
     if args.resources:
         document["resources"] = _resources(document["source"], winner.device.arch,
-                                           {name + step.suffix: step.launch for step in family.plan(problem, config)})
+                                           {name + step.suffix: step.launch for step in family.plan(problem, config)},
+                                           family.compiler_options)
     if args.json:
         print(to_json(document))
         return 0
@@ -226,13 +228,13 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _resources(source: str, arch: str, launches: dict) -> dict:
+def _resources(source: str, arch: str, launches: dict, family_options: tuple[str, ...] = ()) -> dict:
     """ptxas's report of the shown kernel(s), compiled by nvcc for `arch` (autogen.gpu.resources),
     each with the launch it gets for the shown shape (`launches`: symbol -> Launch), since
     registers and shared memory bound the blocks per SM only together with the block size."""
     nvcc = nvcc_path()
     kernels = []
-    for k in kernel_resources(source, arch, nvcc):
+    for k in kernel_resources(source, arch, nvcc, family_options):
         entry = {**k.as_dict(), "summary": k.summary()}
         launch = launches.get(k.kernel)
         if launch is not None:

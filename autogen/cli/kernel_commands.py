@@ -41,7 +41,12 @@ def add_kernel_options(parser, tuning: bool) -> None:
                                  "'' for nothing)")
     kernel.add_argument("--block-size-names", metavar="X[,Y[,Z]]", help="the parameters that are the block's sizes")
     kernel.add_argument("--define", action="append", default=[], metavar="NAME[=VALUE]",
-                        help="a #define before the source (Kernel Tuner's compiler_options -D)")
+                        help="a macro every variant is compiled with (-DNAME[=VALUE])")
+    kernel.add_argument("--compiler-option", action="append", default=[], metavar="OPTION",
+                        help="an NVRTC option every variant is compiled with, as Kernel Tuner's compiler_options "
+                             "(repeatable; write --compiler-option=-use_fast_math): -use_fast_math, -lineinfo, "
+                             "-maxrregcount=N, -ftz=, -prec-div=, -prec-sqrt=, -fmad= (true|false), "
+                             "-extra-device-vectorization, -restrict, -std=c++NN, -DNAME[=VALUE]")
     kernel.add_argument("--jinja", action="store_true", help="also render the source as a Jinja2 template")
     kernel.add_argument("--name", help="the family's name (default kernel.<NAME>)")
 
@@ -120,7 +125,8 @@ def _kernel_definition(args, file: Path, sizes) -> dict:
     return dict(kernel_name=args.kernel, kernel_source=file, problem_size=tuple(sizes), tune_params=params,
                 grid_div_x=_expressions(args.grid_div_x), grid_div_y=_expressions(args.grid_div_y),
                 grid_div_z=_expressions(args.grid_div_z), restrictions=args.restrict or None,
-                block_size_names=names, jinja=args.jinja, name=args.name)
+                block_size_names=names, jinja=args.jinja, name=args.name,
+                compiler_options=[f"-D{d}" for d in args.define] + args.compiler_option)
 
 
 def cmd_tune_kernel(args) -> int:
@@ -131,7 +137,7 @@ def cmd_tune_kernel(args) -> int:
     if args.max_fevals is not None and args.max_fevals < 1:
         raise UsageError(f"--max-fevals must be at least 1, got {args.max_fevals}")
     found = tune_kernel(arguments=arguments, answer=answer, atol=args.atol,
-                        compiler_options=[f"-D{d}" for d in args.define] or None, strategy=args.strategy,
+                        strategy=args.strategy,
                         strategy_options={"max_fevals": args.max_fevals} if args.max_fevals else None,
                         tolerance=args.tolerance, db=args.db, cache_mode=args.cache, seed=args.seed, **definition)
     env = found.env
@@ -154,9 +160,6 @@ def _check_family(args):
         definition = _kernel_definition(args, target, sizes)
         # Checking needs no data: a placeholder argument when none is described.
         arguments = args.args if args.args is not None else "float32=0"
-        if args.define:
-            from autogen.search.kernel_tune import with_compiler_defines
-            definition["kernel_source"] = with_compiler_defines(target, [f"-D{d}" for d in args.define])
         return kernel_family(arguments=arguments, **definition)
     return get_family(args.target)
 
@@ -214,7 +217,8 @@ def _compiled(item, arch: str, nvcc: str, family) -> dict:
     dtype, traits, config, source = item
     name = family.kernel_name(dtype, config, traits)
     try:
-        found = [r.as_dict() for r in kernel_resources(source, arch, nvcc) if r.kernel.startswith(name)]
+        found = [r.as_dict() for r in kernel_resources(source, arch, nvcc, family.compiler_options)
+                 if r.kernel.startswith(name)]
     except AutogenError as exc:
         return {"kernel": name, "error": " ".join(str(exc).split())[:400]}
     spill_store = sum(r["spill_store_bytes"] for r in found)

@@ -138,6 +138,13 @@ class Family:
     # The Python call as PyTorch sees it (autogen.core.signature.OpSignature: operands in call
     # order, outputs with their shapes): the family's torch.ops.autogen.<op>. None: no torch op.
     op_signature = None
+    # The family's own compiler options besides autogen's, e.g. ("-use_fast_math",)
+    # (autogen.core.compiler_options says which are taken; registration checks them): every compile
+    # of its variants gets them (NVRTC when tuning and serving; nvcc in `autogen check`, `show
+    # --resources` and the export's build), and they are part of the compile cache key and of each
+    # stored source hash, so a change recompiles and re-tunes. One set per family: an export
+    # compiles all its variants in one file.
+    compiler_options: tuple[str, ...] = ()
 
     # --- identity -------------------------------------------------------------------------
     @property

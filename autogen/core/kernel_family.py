@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from autogen.core.compare import relative_error
+from autogen.core.compiler_options import checked as checked_options
 from autogen.core.dtypes import DTYPES
 from autogen.core.family import Family, Launch
 from autogen.core.kernel_spec import (Argument, block_names, defines, divisor_of, evaluate, grid_divisors, grid_of,
@@ -50,6 +51,7 @@ class KernelDefinition:
     atol: float = 1e-6
     tolerance: float | None = None
     poison_outputs: bool = True
+    compiler_options: tuple[str, ...] = ()  # NVRTC's spelling (autogen.core.compiler_options.checked)
 
 
 class KernelFamily(Family):
@@ -64,6 +66,7 @@ class KernelFamily(Family):
         self.name = definition.name
         self.description = f"the CUDA kernel {definition.kernel_name}, tuned as Kernel Tuner describes it"
         self.dims = SIZE_NAMES[:definition.dims]
+        self.compiler_options = definition.compiler_options  # Family.compiler_options: every compile gets them
         self.space = tunable_space(dict(definition.tune_params), definition.restrictions)
         first = next(self.space.enumerate(), None)
         if first is None:
@@ -271,11 +274,14 @@ def _arguments(values, answer, source: str, kernel_name: str, dims: int):
 
 def kernel_family(kernel_name, kernel_source, problem_size, arguments, tune_params, grid_div_x=None,
                   grid_div_y=None, grid_div_z=None, restrictions=None, answer=None, atol=1e-6,
-                  block_size_names=None, *, name=None, jinja=False, tolerance=None, poison_outputs=True):
+                  block_size_names=None, compiler_options=None, *, name=None, jinja=False, tolerance=None,
+                  poison_outputs=True):
     """Define (and register) the family of one CUDA kernel from Kernel Tuner's arguments (the
     same as autogen.tune_kernel's, which calls this); returns it. `arguments` are arrays and
-    NumPy scalars, or a rule string (kernel_spec.parse_argument_rule). Call it again with the
-    same definition in a later process to serve what was tuned (see the module's docstring)."""
+    NumPy scalars, or a rule string (kernel_spec.parse_argument_rule). `compiler_options`: NVRTC
+    options every variant is compiled with (autogen.core.compiler_options says which are taken).
+    Call it again with the same definition in a later process to serve what was tuned (see the
+    module's docstring)."""
     if not isinstance(kernel_name, str) or not IDENTIFIER.fullmatch(kernel_name):
         raise UsageError(f"kernel_name must be the kernel's C identifier, got {kernel_name!r}")
     family_name = name or f"kernel.{kernel_name}"
@@ -283,6 +289,7 @@ def kernel_family(kernel_name, kernel_source, problem_size, arguments, tune_para
             IDENTIFIER.fullmatch(p) for p in family_name.split(".")):
         raise UsageError(f"name must be identifiers joined by dots, e.g. kernel.{kernel_name}, got {family_name!r}")
     source = source_text(kernel_source)
+    options = checked_options(compiler_options)
     sizes = problem_sizes(problem_size)
     described, data = _arguments(arguments, answer, source, kernel_name, len(sizes))
     tunable_space(tune_params)  # its errors first, before the divisors and restrictions name its parameters
@@ -291,7 +298,7 @@ def kernel_family(kernel_name, kernel_source, problem_size, arguments, tune_para
     divisors = grid_divisors(grid_div_x, grid_div_y, grid_div_z, blocks, tuple(tune_params))
     rules = tuple(restrictions) if isinstance(restrictions, (list, tuple)) else restrictions
     definition = KernelDefinition(family_name, kernel_name, source, params, len(sizes), described, divisors, rules,
-                                  blocks, bool(jinja), float(atol), tolerance, bool(poison_outputs))
+                                  blocks, bool(jinja), float(atol), tolerance, bool(poison_outputs), options)
     family = KernelFamily(definition, data, sizes)
     register(family)
     return family

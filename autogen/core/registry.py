@@ -14,6 +14,7 @@ import sys
 from importlib import metadata
 
 
+from autogen.core import compiler_options
 from autogen.core.dtypes import DTYPES
 from autogen.core.signature import check_signature
 from autogen.core.space import Space
@@ -99,6 +100,10 @@ def _check_definition(family: Family) -> None:
         raise FamilyError(f"{where}: unknown dtype(s) {', '.join(unknown)}; known: {', '.join(DTYPES)}")
     if family.roofline not in ("memory", "compute"):
         raise FamilyError(f"{where}: roofline must be 'memory' or 'compute'")
+    try:  # NVRTC's spelling of each, once: what the cache key and the stored source hash hold
+        family.compiler_options = compiler_options.checked(family.compiler_options)
+    except UsageError as exc:
+        raise FamilyError(f"{where}: {exc}") from None
     problem_names = tuple(family.dims) + tuple(t.name for t in family.traits)
     _check_names(where, "dimension or trait", problem_names, RESERVED_DIM_NAMES)
     for trait in family.traits:

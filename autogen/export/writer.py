@@ -29,6 +29,7 @@ from autogen._version import __version__
 from autogen.errors import GpuUnavailableError, InvalidConfigError, NotTunedError, UsageError
 from autogen.core.family import Family
 from autogen.core.registry import check_family_renders, get_family
+from autogen.core.compiler_options import language_std, nvcc_flags
 from autogen.core.dtypes import DTYPES
 from autogen.core.problem import Config, Problem, nearest, parse_shape_key
 from autogen.catalog.pretuned import pretuned_db
@@ -403,6 +404,9 @@ def render_files(model: ExportModel) -> dict[str, str | bytes]:
         "gpu_name": comment_text(model.gpu.name), "gpu_name_literal": c_string(model.gpu.name),
         "dims": model.family.dims, "selftest_hook": model.selftest_hook, "comment": comment_text,
         "c_headers": [h for h in model.family.c_headers if h != "cuda_runtime.h"],
+        # The family's own compiler options, in nvcc's spelling: the kernels build as they were tuned.
+        "cxx_std": language_std(model.family.compiler_options),
+        "kernel_flags": " ".join(nvcc_flags(model.family.compiler_options)),
     }
     templates = {"source": "export/kernels.cu.j2", "header": "export/header.h.j2",
                  "cmake": "export/CMakeLists.txt.j2", "makefile": "export/Makefile.j2",

@@ -144,5 +144,7 @@ class GpuBackend:
     def free_bytes(self) -> int:
         return self.evaluator.free_bytes
 
-    def compile(self, source: str, arch: str) -> concurrent.futures.Future:
-        return self._pool.submit(compile_cubin, source, arch)
+    def compile(self, source: str, arch: str, family_options: tuple[str, ...] = ()) -> concurrent.futures.Future:
+        """The cubin of `source`, compiled in the pool with its family's own options (arguments:
+        a compile process has no registry, and learns them with each source)."""
+        return self._pool.submit(compile_cubin, source, arch, None, family_options)

@@ -40,9 +40,13 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
-def compile_options(arch: str) -> tuple[str, ...]:
-    """The exact options a variant is compiled with for `arch` (e.g. "sm_90")."""
-    return BASE_OPTIONS + (f"--gpu-architecture={arch}",)
+def compile_options(arch: str, family_options: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The exact options a variant is compiled with for `arch` (e.g. "sm_90"): autogen's, then
+    its family's own (Family.compiler_options, checked at registration); a family's -std
+    replaces autogen's."""
+    base = tuple(o for o in BASE_OPTIONS if not (o.startswith("-std=") and any(
+        f.startswith("--std=") for f in family_options)))
+    return base + (f"--gpu-architecture={arch}",) + tuple(family_options)
 
 
 def cache_key(source: str, options: tuple[str, ...], nvrtc: str) -> str:
@@ -51,10 +55,12 @@ def cache_key(source: str, options: tuple[str, ...], nvrtc: str) -> str:
     return digest.hexdigest()
 
 
-def compile_cubin(source: str, arch: str, cache_dir: str | None = None) -> bytes:
-    """Compile one kernel source to a cubin for `arch`; raise CompileError with NVRTC's log."""
+def compile_cubin(source: str, arch: str, cache_dir: str | None = None,
+                  family_options: tuple[str, ...] = ()) -> bytes:
+    """Compile one kernel source to a cubin for `arch` with its family's own options besides
+    autogen's; raise CompileError with NVRTC's log."""
     nvrtc = _nvrtc()
-    options = compile_options(arch)
+    options = compile_options(arch, family_options)
     folder = Path(cache_dir) if cache_dir else kernel_cache_dir()
     path = folder / (cache_key(source, options, nvrtc_version()) + ".cubin")
     try:
@@ -90,14 +96,15 @@ def _nvrtc_compile(nvrtc, source: str, options: tuple[str, ...]) -> bytes:
         nvrtc.destroyProgram(program)
 
 
-def compile_many(sources: dict[str, str], arch: str, workers: int | None = None) -> dict[str, bytes | CompileError]:
+def compile_many(sources: dict[str, str], arch: str, workers: int | None = None,
+                 family_options: tuple[str, ...] = ()) -> dict[str, bytes | CompileError]:
     """Compile {name: source} in a process pool; a failure is returned in place of its cubin."""
     import concurrent.futures
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers or os.cpu_count(), mp_context=context) as pool:
-        futures = {name: pool.submit(compile_cubin, source, arch) for name, source in sources.items()}
+        futures = {name: pool.submit(compile_cubin, source, arch, None, family_options) for name, source in sources.items()}
         results: dict[str, bytes | CompileError] = {}
         for name, future in futures.items():
             try:

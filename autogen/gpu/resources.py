@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from autogen.errors import CompileError, ToolMissingError
+from autogen.core.compiler_options import language_std, nvcc_flags
 from autogen.gpu.compile import BASE_OPTIONS
 
 
@@ -44,6 +45,13 @@ class KernelResources:
                 f"{self.stack_frame_bytes} B stack frame, {self.barriers} barriers")
 
 
+def nvcc_options(family_options: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """compile_options in nvcc's spelling, without the architecture (nvcc takes -arch): what
+    `autogen check` and `show --resources` give nvcc (an export's Makefile spells the same)."""
+    base = tuple(o for o in BASE_OPTIONS if not o.startswith("-std="))
+    return base + (f"-std={language_std(family_options)}",) + nvcc_flags(family_options)
+
+
 def nvcc_path() -> str:
     """The nvcc on PATH, else under $CUDA_HOME or $CUDA_PATH; ToolMissingError if none."""
     found = shutil.which("nvcc")
@@ -63,16 +71,18 @@ def nvcc_version(nvcc: str) -> str:
     return match.group(1) if match else "unknown"
 
 
-def kernel_resources(source: str, arch: str, nvcc: str | None = None) -> list[KernelResources]:
-    """Compile `source` to a cubin for `arch` (e.g. "sm_90") with `nvcc -Xptxas -v`; one entry
-    per kernel it defines, in ptxas's order. CompileError with nvcc's log when it fails."""
+def kernel_resources(source: str, arch: str, nvcc: str | None = None,
+                     family_options: tuple[str, ...] = ()) -> list[KernelResources]:
+    """Compile `source` to a cubin for `arch` (e.g. "sm_90") with `nvcc -Xptxas -v` and its
+    family's own options; one entry per kernel it defines, in ptxas's order. CompileError with
+    nvcc's log when it fails."""
     nvcc = nvcc or nvcc_path()
     if not re.fullmatch(r"sm_\d+[af]?", arch):
         raise ValueError(f"not an nvcc architecture: {arch!r}")
     with tempfile.TemporaryDirectory(prefix="autogen-resources-") as folder:
         path = Path(folder) / "kernel.cu"
         path.write_text(source)
-        done = subprocess.run([nvcc, f"-arch={arch}", "-cubin", *BASE_OPTIONS, "-Xptxas", "-v",
+        done = subprocess.run([nvcc, f"-arch={arch}", "-cubin", *nvcc_options(family_options), "-Xptxas", "-v",
                                "-o", str(path.with_suffix(".cubin")), str(path)],
                               capture_output=True, text=True)
     if done.returncode != 0:

@@ -205,11 +205,12 @@ class Dispatcher:
         source = render(family, problem.dtype, config, traits=problem.traits, pdl=True) if pdl else plain
         name = family.kernel_name(problem.dtype, config, problem.traits) + (PDL_SUFFIX if pdl else "")
         module = cupy.cuda.function.Module()
-        module.load(compile_cubin(source, device.arch))
+        module.load(compile_cubin(source, device.arch, family_options=family.compiler_options))
         steps = [(module.get_function(name + step.suffix), step) for step in family.plan(problem, config)]
-        provenance = {"gpu": device.name, "arch": device.arch, "source_hash": source_hash(source),
-                      "plain_source_hash": source_hash(plain),
-                      "compile_options": " ".join(compile_options(device.arch))}
+        options = family.compiler_options
+        provenance = {"gpu": device.name, "arch": device.arch, "source_hash": source_hash(source, options),
+                      "plain_source_hash": source_hash(plain, options),
+                      "compile_options": " ".join(compile_options(device.arch, options))}
         if winner is not None:
             provenance.update(tuned_on=winner.device.name, tuned_shape=winner.trial.shape_key,
                               tuned_time_us=winner.trial.time_us, peer=winner.peer_name,

@@ -10,7 +10,7 @@ from typing import NamedTuple
 from tuning_db import TuningDB
 
 from autogen._version import __version__
-from autogen.core.kernel_family import check_picklable, kernel_family, save_data, source_text
+from autogen.core.kernel_family import check_picklable, kernel_family, save_data
 from autogen.core.kernel_spec import problem_sizes
 from autogen.errors import UsageError
 from autogen.gpu.backend import GpuBackend
@@ -55,8 +55,11 @@ def tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params
     ceil(problem_size / product of grid_div_x|y|z), by default the block size parameters,
     `restrictions` (expressions or a callable on the parameter dict), `answer` (aligned with
     `arguments`, None for each non-output) and `atol`, `block_size_names`, `compiler_options`
-    (only -DNAME[=VALUE], which become #defines), `strategy` (brute_force, random_sample,
-    bayes_opt) with strategy_options={"max_fevals": N}.
+    (given to NVRTC for every variant, and to nvcc in `autogen check` and the export's build:
+    -DNAME[=VALUE], -use_fast_math, -lineinfo, -maxrregcount=N, -ftz/-prec-div/-prec-sqrt/-fmad=
+    true|false, -extra-device-vectorization, -restrict, -std=c++NN; the target architecture and
+    include paths are refused), `strategy` (brute_force, random_sample, bayes_opt) with
+    strategy_options={"max_fevals": N}.
 
     Where autogen deliberately differs: each variant is timed with CUDA graphs on cold rotating
     copies of the arguments (several sets larger than 4x the L2 cache together; `cache_mode="hot"`
@@ -73,10 +76,9 @@ def tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params
                          "counterpart of; see docs/tune_kernel.md)")
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy {strategy!r} has no autogen counterpart; choose one of {', '.join(STRATEGIES)}")
-    source = with_compiler_defines(kernel_source, compiler_options)
-    family = kernel_family(kernel_name, source, problem_size, arguments, tune_params, grid_div_x, grid_div_y,
-                           grid_div_z, restrictions, answer, atol, block_size_names, name=name, jinja=jinja,
-                           tolerance=tolerance, poison_outputs=poison_outputs)
+    family = kernel_family(kernel_name, kernel_source, problem_size, arguments, tune_params, grid_div_x, grid_div_y,
+                           grid_div_z, restrictions, answer, atol, block_size_names, compiler_options, name=name,
+                           jinja=jinja, tolerance=tolerance, poison_outputs=poison_outputs)
     check_picklable(family)
     problem = family.problem(family.dtypes[0], **dict(zip(family.dims, problem_sizes(problem_size))))
     trials = _trials(strategy, strategy_options, family.space.size())
@@ -88,22 +90,6 @@ def tune_kernel(kernel_name, kernel_source, problem_size, arguments, tune_params
         result = tuner.run()
     family.data_path = None
     return _collected(tuner, result)
-
-
-def with_compiler_defines(kernel_source, compiler_options):
-    """The source with each -DNAME[=VALUE] of `compiler_options` as a #define before it: NVRTC
-    takes the same options for every variant autogen compiles, so no other option is taken."""
-    if not compiler_options:
-        return kernel_source
-    lines = []
-    for option in compiler_options:
-        text = option[2:] if isinstance(option, str) and option.startswith("-D") else None
-        if not text or not text.split("=")[0].isidentifier():
-            raise UsageError(f"compiler option {option!r} is not taken: autogen compiles every variant with the "
-                             "same NVRTC options; -DNAME[=VALUE] become #defines")
-        macro, _, value = text.partition("=")
-        lines.append(f"#define {macro} {value or 1}")
-    return "\n".join(lines) + "\n" + source_text(kernel_source)
 
 
 def _trials(strategy: str, strategy_options, space_size: int) -> int:

@@ -124,7 +124,7 @@ class SearchLoop(TakeOver):
         self.start = start
         self.counts = counts
         self.progress = progress
-        self.compile_options = " ".join(compile_options(device.arch))
+        self.compile_options = " ".join(compile_options(device.arch, family.compiler_options))
         self.owner = owner or new_owner()
         self.slot = slot
         self.stop = stop or threading.Event()
@@ -328,7 +328,8 @@ class SearchLoop(TakeOver):
     def _pending(self, trials: list, config: Config, name: str, source: str, variant: str,
                  taken_over_from: str = "") -> _Pending:
         """Claimed: handed to the compile pool."""
-        return _Pending(trials, config, name, source, variant, self.backend.compile(source, self.device.arch),
+        return _Pending(trials, config, name, source, variant, self.backend.compile(source, self.device.arch,
+                                                                                   self.family.compiler_options),
                         taken_over_from)
 
     def _classify(self, trial):
@@ -380,7 +381,8 @@ class SearchLoop(TakeOver):
     def _record_base(self, name: str, config: Config, source: str) -> TrialRecord:
         return TrialRecord(family=self.problem.family, dtype=self.problem.dtype, shape_key=self.problem.shape_key,
                            kernel_name=name, params=config.as_dict(), status="rejected",
-                           source_hash=source_hash(source), compile_options=self.compile_options,
+                           source_hash=source_hash(source, self.family.compiler_options),
+                           compile_options=self.compile_options,
                            cache_mode=self.options.cache_mode)
 
     def _measure(self, entry: _Pending, best_us: float | None):
@@ -408,7 +410,8 @@ class SearchLoop(TakeOver):
     def _record(self, entry: _Pending, outcome) -> TrialRecord:
         base = dict(family=self.problem.family, dtype=self.problem.dtype, shape_key=self.problem.shape_key,
                     kernel_name=entry.name, params=entry.config.as_dict(),
-                    source_hash=source_hash(entry.source), compile_options=self.compile_options,
+                    source_hash=source_hash(entry.source, self.family.compiler_options),
+                    compile_options=self.compile_options,
                     cache_mode=self.options.cache_mode)
         if isinstance(outcome, CompileError):
             record = TrialRecord(status="failed", reason=f"compile: {outcome}", **base)

@@ -34,7 +34,7 @@ def refresh(family, problem, options, db: TuningDB, device, backend,
     best = sorted((t for t in trials if t.status == "ok"), key=lambda t: t.time_us)[: options.top_k]
     if stored is not None and all(t.kernel_name != stored.trial.kernel_name for t in best):
         best.append(stored.trial)
-    options_text = " ".join(compile_options(device.arch))
+    options_text = " ".join(compile_options(device.arch, family.compiler_options))
     measured: list[TrialRecord] = []
     for trial in best:
         try:
@@ -45,10 +45,11 @@ def refresh(family, problem, options, db: TuningDB, device, backend,
         source = render(family, problem.dtype, config, traits=problem.traits)
         name = family.kernel_name(problem.dtype, config, problem.traits)
         base = dict(family=problem.family, dtype=problem.dtype, shape_key=problem.shape_key, kernel_name=name,
-                    params=config.as_dict(), source_hash=source_hash(source), compile_options=options_text,
+                    params=config.as_dict(), source_hash=source_hash(source, family.compiler_options),
+                    compile_options=options_text,
                     cache_mode=options.cache_mode)
         try:
-            cubin = backend.compile(source, device.arch).result()
+            cubin = backend.compile(source, device.arch, family.compiler_options).result()
         except Exception as exc:
             record = TrialRecord(status="failed", reason=f"compile: {exc}", **base)
         else:

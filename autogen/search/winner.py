@@ -125,7 +125,8 @@ def retime(family, problem, options, db: TuningDB, device, backend, best: list[T
     candidates = []
     for trial in best:
         config = family.space.check(trial.params)
-        cubin = backend.compile(render(family, problem.dtype, config, traits=problem.traits), device.arch).result()
+        source = render(family, problem.dtype, config, traits=problem.traits)
+        cubin = backend.compile(source, device.arch, family.compiler_options).result()
         candidates.append((trial.kernel_name, cubin, trial.params))
     try:
         samples = backend.evaluator.retime(candidates, options.retime_rounds,

@@ -136,6 +136,7 @@ class ReplayBackend:
         self.free_bytes = 80 * 2**30
         self.evaluator = ReplayEvaluator(recording, crash_on, delay_s, fault_after, meeting, log)
         self.compiled: list[str] = []
+        self.compiled_options: list[tuple[str, ...]] = []  # each compile's family options
 
     @classmethod
     def factory(cls, recording: dict, crash_on: frozenset[str] = frozenset(), delay_s: float = 0.0,
@@ -159,8 +160,9 @@ class ReplayBackend:
     def __exit__(self, *exc_info) -> None:
         pass
 
-    def compile(self, source: str, arch: str) -> concurrent.futures.Future:
+    def compile(self, source: str, arch: str, family_options: tuple[str, ...] = ()) -> concurrent.futures.Future:
         self.compiled.append(source)
+        self.compiled_options.append(tuple(family_options))
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_result(source.encode())
         return future

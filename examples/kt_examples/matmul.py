@@ -1,7 +1,7 @@
 """Kernel Tuner's tiled matrix-multiply example, ported: the same tunable parameters (block
 sizes, tile sizes), grid divisors and restriction, with `kernel_tuner.tune_kernel` replaced by
 `autogen.tune_kernel`. The kernel's WIDTH is 4096 as in Kernel Tuner's example; a -DWIDTH=N
-compiler option (a #define before the source) tunes another size."""
+compiler option (given to NVRTC, as Kernel Tuner gives it) tunes another size."""
 
 from pathlib import Path
 

@@ -40,7 +40,7 @@ def replayed_gpu(monkeypatch):
 
     monkeypatch.setattr(autogen.gpu.worker, "IsolatedEvaluator", ReplayIsolatedEvaluator)
     monkeypatch.setattr(autogen.gpu.device, "require_cupy", lambda: None)
-    monkeypatch.setattr(autogen.cli.commands, "compile_cubin", lambda source, arch: source.encode())
+    monkeypatch.setattr(autogen.cli.commands, "compile_cubin", lambda source, arch, **options: source.encode())
 
 
 def recorded_config():

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+import autogen
 from autogen.cli.main import main
+from autogen.core.render import render, source_hash
 from autogen.runtime.dispatch import Dispatcher
 from autogen.testing.replay import RECORDING_FORMAT, ReplayBackend
 from dbfixtures import H100
@@ -117,6 +119,54 @@ def test_check_takes_user_and_built_in_families(capsys):
     assert "gelu: rendered" in capsys.readouterr().out
 
 
+FAST = ["-use_fast_math", "--maxrregcount=32", "-DUNUSED_MACRO=3"]  # Kernel Tuner's spellings
+
+
+def test_compiler_options_reach_every_compile_the_records_and_the_export(tmp_path, capsys):
+    import subprocess
+
+    from tuning_db import TuningDB
+
+    nvcc = nvcc_or_skip()
+    db, made = f"sqlite:///{tmp_path / 'fast.db'}", []
+    family = autogen_kernel_family("kt_examples.vector_add_fast")
+    replay = ReplayBackend.factory(recording(family, "size_x=4096", lambda c: c["block_size_x"]), made=made)
+    args, answer = vector_add.arguments(4096)
+    found = autogen.tune_kernel("vector_add", vector_add.SOURCE, 4096, args, vector_add.TUNE_PARAMS, answer=answer,
+                                name="kt_examples.vector_add_fast", compiler_options=FAST, db=db,
+                                backend_factory=replay, progress=lambda _line: None)
+    nvrtc = ("--use_fast_math", "--maxrregcount=32", "-DUNUSED_MACRO=3")
+    assert found.best == {"block_size_x": 32} and set(made[0].compiled_options) == {nvrtc}  # measured and re-timed
+    trial = TuningDB(db).trials(H100, "kt_examples.vector_add_fast", "float32", "size_x=4096", "cold")[0]
+    assert trial.compile_options == "-std=c++17 --gpu-architecture=sm_90 " + " ".join(nvrtc)
+    source = render(family, "float32", family.space.check(trial.params))
+    assert trial.source_hash == source_hash(source, nvrtc) != source_hash(source)  # re-tuned when options change
+    out = tmp_path / "export"
+    assert main(["export", "kt_examples.vector_add_fast", "--out", str(out), "--db", db, "--gpu", H100.name]) == 0
+    makefile = (out / "Makefile").read_text()
+    assert "KERNEL_FLAGS := -use_fast_math -maxrregcount=32 -DUNUSED_MACRO=3" in makefile
+    assert "-maxrregcount=32;-DUNUSED_MACRO=3>" in (out / "CMakeLists.txt").read_text()
+    done = subprocess.run(["make", f"NVCC={nvcc}", "-n"], cwd=out, capture_output=True, text=True)
+    assert done.returncode == 0 and "-std=c++17 -use_fast_math -maxrregcount=32 -DUNUSED_MACRO=3" in done.stdout
+    done = subprocess.run(["make", f"NVCC={nvcc}", "ARCH=sm_90"], cwd=out, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def autogen_kernel_family(name: str):
+    return autogen.kernel_family("vector_add", vector_add.SOURCE, 4096, vector_add.arguments(4096)[0],
+                                 vector_add.TUNE_PARAMS, compiler_options=FAST, name=name)
+
+
+def test_check_compiles_with_the_compiler_options(capsys):
+    nvcc_or_skip()
+    grid = ["--param", "block_size_x=32", "--param", "block_size_y=4", "--param", "tile_size_x=8",
+            "--param", "tile_size_y=8", "--sample", "1", "--json"]
+    assert main(MATMUL_CHECK + grid) == 0
+    free = json.loads(capsys.readouterr().out)["compiled"][0]["registers"]
+    assert main(MATMUL_CHECK + grid + ["--compiler-option=-maxrregcount=32", "--compiler-option=-lineinfo"]) == 0
+    assert free > 32 >= json.loads(capsys.readouterr().out)["compiled"][0]["registers"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["tune-kernel", "missing.cu", "--kernel", "k", "--param", "a=1", "--problem-size", "8", "--args", "int32=1"],
      "not found"),
@@ -128,6 +178,10 @@ def test_check_takes_user_and_built_in_families(capsys):
     (["tune-kernel", str(vector_add.SOURCE), "--kernel", "vector_add", "--param", "block_size_x=32",
       "--problem-size", "8", "--args", "float32[size_x] bogus"], "argument 1 'bogus'"),
     (["check", "nosuchfamily"], "unknown family"),
+    (["check", str(vector_add.SOURCE), "--kernel", "vector_add", "--param", "block_size_x=32",
+      "--compiler-option=-arch=sm_80"], "compiler option '-arch=sm_80' is not taken: autogen compiles for"),
+    (["tune-kernel", str(vector_add.SOURCE), "--kernel", "vector_add", "--param", "block_size_x=32",
+      "--problem-size", "8", "--args", "int32=1", "--compiler-option=-I/opt/inc"], "'-I/opt/inc' is not taken"),
 ])
 def test_usage_errors_are_one_line(argv, message, capsys):
     assert main(argv) == 2

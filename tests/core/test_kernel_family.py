@@ -14,7 +14,7 @@ from autogen.core.kernel_spec import grid_of, parse_argument_rule, tunable_space
 from autogen.core.registry import get_family
 from autogen.core.render import render
 from autogen.errors import ArgumentError, FamilyError, NotTunedError, UsageError
-from autogen.search.kernel_tune import _trials, tune_kernel, with_compiler_defines
+from autogen.search.kernel_tune import _trials, tune_kernel
 
 SOURCE = """__global__ void scale(float *y, const float *x, float a, int n)
 {
@@ -84,7 +84,8 @@ def test_restrictions_as_strings_or_a_callable():
     (lambda: parse_argument_rule("float32[size_q]", 1), "names size_q"),
     (lambda: parse_argument_rule("out:int32=3", 1), "a scalar cannot be an output"),
     (lambda: parse_argument_rule("float8[size_x]", 1), "is not DTYPE"),
-    (lambda: with_compiler_defines(SOURCE, ["-use_fast_math"]), "not taken"),
+    (lambda: family(compiler_options=["-arch=sm_80"]), "compiler option '-arch=sm_80' is not taken: autogen compiles"),
+    (lambda: family(compiler_options=["-I/usr/include"]), "'-I/usr/include' is not taken"),
     (lambda: _trials("brute_force", {"popsize": 3}, 10), "max_fevals only"),
     (lambda: tune_kernel("scale", SOURCE, N, arguments()[0], {"b": [1]}, iterations=7, lang="cupy", foo=1),
      "does not take foo"),
@@ -96,8 +97,13 @@ def test_bad_input_is_one_line_naming_the_problem(call, message):
     assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_compiler_defines_and_trials():
-    assert with_compiler_defines(SOURCE, ["-DWIDTH=64", "-DFAST"]).startswith("#define WIDTH 64\n#define FAST 1\n")
+def test_compiler_options_reach_the_family_and_its_worker_and_trials():
+    f = family(compiler_options=["-DWIDTH=64", "-use_fast_math", "--maxrregcount=32"])
+    assert f.compiler_options == ("-DWIDTH=64", "--use_fast_math", "--maxrregcount=32")
+    assert "WIDTH" not in render(f, "float32", f.space.check({"block_size_x": 32, "work": 1}))  # an option, not source
+    _module, _function, kwargs = pickle.loads(pickle.dumps(f.worker_recipe()))
+    recreate(**kwargs)  # the GPU worker's family: the parent's options, from its definition
+    assert get_family("kernel.scale_test").compiler_options == f.compiler_options
     assert _trials("brute_force", None, 44) == 44 and _trials("random_sample", None, 100) == 60
     assert _trials("bayes_opt", {"max_fevals": 5}, 100) == 5
 
