@@ -8,7 +8,9 @@ so it is kept under a fingerprint of everything a rendering reads:
   * every autogen module (a family's template_vars and the shared pieces they call);
   * the family's own module and the Python files beside it (a user's family), and every template
     in the folders its templates are looked up in;
-  * Jinja2's installed package (its version decides whitespace and filters).
+  * Jinja2's installed package (its version decides whitespace and filters);
+  * and, in each variant's key, what else the family says its rendering reads
+    (Family.rendering_inputs: a family made from source text, its text).
 Any change to those gives another fingerprint; the memo keeps the last few fingerprints' hashes.
 """
 
@@ -30,7 +32,9 @@ def rendered_source_hash(family, dtype: str, config, traits: tuple[tuple[str, st
     from the memo where this rendering code and these templates have rendered it before."""
     fingerprint = rendering_fingerprint(family.module, tuple(str(folder) for folder in family.template_dirs()))
     options = [list(family.compiler_options)] if family.compiler_options else []  # none: the key as before
-    key = hashlib.sha256(json.dumps([family.name, dtype, sorted(config.params), list(traits)] + options,
+    text = family.rendering_inputs()  # a family made from source text: that text ("" keeps the key)
+    extra = options + ([hashlib.sha256(text.encode()).hexdigest()] if text else [])
+    key = hashlib.sha256(json.dumps([family.name, dtype, sorted(config.params), list(traits)] + extra,
                                     default=str).encode()).hexdigest()
     known = _read().get(fingerprint, {})
     if key in known:

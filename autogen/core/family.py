@@ -146,6 +146,12 @@ class Family:
     # compiles all its variants in one file.
     compiler_options: tuple[str, ...] = ()
 
+    def rendering_inputs(self) -> str:
+        """What a rendering reads besides the family's module, the files beside it and its
+        templates (autogen.catalog.source_memo fingerprints those): a family made from source
+        text returns that text, so editing it makes stored winners stale. "" for the others."""
+        return ""
+
     # --- identity -------------------------------------------------------------------------
     @property
     def symbol(self) -> str:

@@ -81,6 +81,9 @@ class KernelFamily(Family):
                                    for a in definition.arguments)
 
     # --- code -----------------------------------------------------------------------------
+    def rendering_inputs(self) -> str:
+        return self.definition.source  # the kernel's text: an edited .cu is another rendering
+
     def render_source(self, variables: dict) -> str:
         """The variant's CUDA source (autogen.core.render calls this in place of a template)."""
         d = self.definition

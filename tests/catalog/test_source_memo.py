@@ -73,3 +73,25 @@ def test_the_memo_keeps_a_few_fingerprints_and_survives_damage(monkeypatch):
     assert list(kept) == [f"fp{n}" for n in range(3, source_memo.KEPT_FINGERPRINTS + 3)]
     source_memo._memo_path().write_text("{damaged")
     assert source_memo.rendered_source_hash(SGEMV, "float32", cfg, ()) == rendered_hash(cfg)
+
+
+def test_an_edited_kernel_source_renders_again():
+    # A family made from source text (tune_kernel's) keeps its name when its .cu is edited: the
+    # memo must not answer with the old text's hash.
+    import numpy as np
+
+    from autogen.core.kernel_family import kernel_family
+
+    text = "__global__ void twice(float *y, int n) { int i = blockIdx.x * block_size_x + threadIdx.x; if (i < n) y[i] *= 2; }\n"
+
+    def family(source):
+        return kernel_family("twice", source, 64, [np.zeros(64, np.float32), np.int32(64)],
+                             {"block_size_x": [32, 64]}, name="kernel.memo_edit_test")
+
+    first = family(text)
+    cfg = first.space.check({"block_size_x": 32})
+    before = source_memo.rendered_source_hash(first, "float32", cfg, ())
+    edited = family(text.replace("*= 2", "*= 3"))
+    after = source_memo.rendered_source_hash(edited, "float32", cfg, ())
+    assert after != before
+    assert after == render_module.source_hash(render_module.render(edited, "float32", cfg), edited.compiler_options)
