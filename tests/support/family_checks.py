@@ -37,3 +37,12 @@ def held(args) -> tuple:
     holder of CuPy's where CuPy has been imported (by any earlier test, or the GPU check at
     collection) and a NumPy scalar otherwise: a test of the plan must pass either way."""
     return tuple(getattr(arg, "held", arg) for arg in args)
+
+
+def built_in_families() -> dict:
+    """The families autogen ships, by name: the same set whichever test modules were collected
+    first (some register a user's family, or Kernel Tuner's examples, as they are imported)."""
+    from autogen.core.registry import all_families
+
+    return {name: family for name, family in all_families(include_plugins=False).items()
+            if family.module.startswith("autogen.families.")}
