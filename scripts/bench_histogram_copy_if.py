@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import Budget, num, table, torch_graph, torch_graph_medians, tune_each, write_results  # noqa: E402
+from benchlib import Budget, cold_input_sets, num, table, torch_graph, torch_graph_medians, tune_each, write_results  # noqa: E402
 
 PROBLEMS = [
     *[("histogram", "int32", {"n": n, "bins": bins, "distribution": dist})
@@ -156,11 +156,8 @@ def torch_events_us(torch, call, sets: int, replays: int = 7) -> float:
 def measure(cupy, torch, family, problem, params: dict, arch: str) -> dict:
     """Winner, CUB and torch on the same cold input sets; each peer's output checked once."""
     from autogen.families.cub_peers import cub_library
-    from autogen.gpu.device import device_identity, free_device_memory
-    from autogen.gpu.measure import timing_sets
 
-    rng = cupy.random.default_rng(12345)
-    sets = timing_sets(family, problem, cupy, rng, True, device_identity().l2_bytes, free_device_memory())
+    sets = cold_input_sets(cupy, family, problem)
     k = len(sets)
     expected = family.reference(problem, sets[0], cupy)
     times: dict[str, float] = {}

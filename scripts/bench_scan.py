@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_histogram_copy_if import cub_ready, graph_us, start_cub_build, torch_graph_us, winner_launcher  # noqa: E402
-from benchlib import Budget, num, table, tune_each, write_results  # noqa: E402
+from benchlib import Budget, cold_input_sets, num, table, tune_each, write_results  # noqa: E402
 
 SIZES = (2**24, 2**28, 1_000_003, 16_777_259, 123_456_791)  # the two, then three odd n
 TARGET_SIZES = (2**24, 2**28)
@@ -47,11 +47,9 @@ def measure(cupy, torch, family, problem, params: dict, arch: str) -> dict:
     from autogen.families.cub_peers import cub_library
     from autogen.families.scan import torch_cumsum_into
     from autogen.gpu.peers import as_tensor
-    from autogen.gpu.device import device_identity, free_device_memory
-    from autogen.gpu.measure import judge, timing_sets
+    from autogen.gpu.measure import judge
 
-    rng = cupy.random.default_rng(12345)
-    sets = timing_sets(family, problem, cupy, rng, True, device_identity().l2_bytes, free_device_memory())
+    sets = cold_input_sets(cupy, family, problem)
     k = len(sets)
     expected = family.reference(problem, sets[0], cupy)
     magnitude = family.reference_magnitude(problem, sets[0], cupy)

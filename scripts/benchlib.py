@@ -238,3 +238,13 @@ def time_torch_functions(torch, functions: dict, tensors: list, check: Callable[
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return result
+
+
+def cold_input_sets(cupy, family, problem, seed: int = 12345) -> list[dict]:
+    """The rotating input sets (more than L2 holds together) the tuner times `problem` on, made
+    the same way for a benchmark's kernels and peers."""
+    from autogen.gpu.device import device_identity, free_device_memory
+    from autogen.gpu.measure import timing_sets
+
+    rng = cupy.random.default_rng(seed)
+    return timing_sets(family, problem, cupy, rng, True, device_identity().l2_bytes, free_device_memory())
