@@ -448,33 +448,61 @@ class TuningDB:
         wrote it: a worker killed holding it would block the variant). Decided under the write lock (SQLite: BEGIN
         IMMEDIATE; PostgreSQL: a transaction-level advisory lock on the problem, see _lock_problem),
         so concurrent workers never both win, and the budget is exact across them."""
+        return self.claim_many(device, [(trial, variant)], owner, lease_s, budget, longest_lease_s)[0]
+
+    def claim_many(
+        self,
+        device: DeviceIdentity,
+        wanted: list[tuple[TrialRecord, str]],
+        owner: str,
+        lease_s: float,
+        budget: int | None = None,
+        longest_lease_s: float | None = None,
+    ) -> list[Claim]:
+        """claim() for several (trial, variant) pairs of ONE problem, in one transaction under
+        one lock: a worker that keeps several variants in flight claims them together, paying
+        the lock, its wait and the commit once. Decided in order, each as claim() would (the
+        budget counts the ones claimed before it in the batch); one Claim per pair, in order."""
+        if not wanted:
+            return []
+        first = wanted[0][0]
+        problem_of = lambda t: (t.family, t.dtype, t.shape_key, t.cache_mode)  # noqa: E731
+        if any(problem_of(t) != problem_of(first) for t, _v in wanted):
+            raise ValueError("claim_many: every variant must be of one problem and cache mode")
         with self._write() as session:
-            connection = session.connection()
             gpu_id = self._gpu_id(session, device)
-            problem = _problem_params(gpu_id, trial)
-            now = _lock_problem(session, gpu_id, trial.family, trial.dtype, trial.shape_key, trial.cache_mode)
-            found = connection.execute(_CLAIM_CHECK, {**problem, "variant": variant,
-                                                      "kernel_name": trial.kernel_name}).one()
-            row = None if found.c_id is None else found
-            if row is not None and row.c_state == "done":
-                return Claim("done", row.c_kernel_name)
-            left = None if row is None else _lease_left(row.c_expires_at, now)
-            if left is not None and 0 < left <= (longest_lease_s or math.inf) and row.c_owner != owner:
-                return Claim("taken", row.c_kernel_name)
-            if found.stored is not None:  # measured before claims existed, or without one
-                return Claim("done", found.stored)
-            # Stored trials (not rejected) and running claims, lapsed ones included: a dead
-            # worker's variant keeps its place in the budget until a live worker takes it over.
-            if budget is not None and found.launched >= budget:
-                return Claim("budget")
-            values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
-                          owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
-            if row is None:
-                connection.execute(_NEW_CLAIM, {**_problem_values(gpu_id, trial), "variant": variant,
-                                                      "attempts": 1, "created_at": values["updated_at"], **values})
-                return Claim("claimed", trial.kernel_name)
-            connection.execute(_UPDATE_CLAIM, {"claim_id": row.c_id, "attempts": row.c_attempts + 1, **values})
-            return Claim("claimed", trial.kernel_name, taken_over=row.c_owner != owner, previous=row.c_owner)
+            now = _lock_problem(session, gpu_id, first.family, first.dtype, first.shape_key, first.cache_mode)
+            # Each check counts the claims inserted before it in this transaction: it sees them.
+            return [self._claim_locked(session, gpu_id, now, trial, variant, owner, lease_s, budget, longest_lease_s)
+                    for trial, variant in wanted]
+
+    def _claim_locked(self, session: Session, gpu_id: int, now: float, trial: TrialRecord, variant: str,
+                      owner: str, lease_s: float, budget: int | None, longest_lease_s: float | None) -> Claim:
+        """One claim's decision, its problem's lock held (claim_many)."""
+        connection = session.connection()
+        problem = _problem_params(gpu_id, trial)
+        found = connection.execute(_CLAIM_CHECK, {**problem, "variant": variant,
+                                                  "kernel_name": trial.kernel_name}).one()
+        row = None if found.c_id is None else found
+        if row is not None and row.c_state == "done":
+            return Claim("done", row.c_kernel_name)
+        left = None if row is None else _lease_left(row.c_expires_at, now)
+        if left is not None and 0 < left <= (longest_lease_s or math.inf) and row.c_owner != owner:
+            return Claim("taken", row.c_kernel_name)
+        if found.stored is not None:  # measured before claims existed, or without one
+            return Claim("done", found.stored)
+        # Stored trials (not rejected) and running claims, lapsed ones included: a dead
+        # worker's variant keeps its place in the budget until a live worker takes it over.
+        if budget is not None and found.launched >= budget:
+            return Claim("budget")
+        values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
+                      owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
+        if row is None:
+            connection.execute(_NEW_CLAIM, {**_problem_values(gpu_id, trial), "variant": variant,
+                                                  "attempts": 1, "created_at": values["updated_at"], **values})
+            return Claim("claimed", trial.kernel_name)
+        connection.execute(_UPDATE_CLAIM, {"claim_id": row.c_id, "attempts": row.c_attempts + 1, **values})
+        return Claim("claimed", trial.kernel_name, taken_over=row.c_owner != owner, previous=row.c_owner)
 
     def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
         """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
