@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,9 +145,14 @@ def run(url: str, processes: int, shapes: list, trials: int, eval_ms: float, sam
     figures = summarise(url, docs, wall, (cpu1.children_user - cpu0.children_user)
                         + (cpu1.children_system - cpu0.children_system), shapes, trials, evaluations)
     figures.update(load.figures())
-    span = figures.pop("_span_epoch")
-    busy = load.busy_between(*span) if span else None
-    figures["machine_cpu_busy_in_search"] = round(busy, 2) if busy is not None else None
+    stamps = figures.pop("_stored_at")  # epoch seconds of every stored trial, in order
+    window = load.window(stamps[0], stamps[-1]) if len(stamps) > 1 else None
+    if window is not None:  # the samples taken within the search's span
+        (t0, busy0, total0, server0), (t1, busy1, total1, server1) = window
+        stored = sum(1 for t in stamps if t0 <= t <= t1)
+        figures["machine_cpu_busy_in_search"] = round((busy1 - busy0) / max(1, total1 - total0), 2)
+        # The server's steady CPU per trial: within the span, without the start-up.
+        figures["server_search_cpu_ms_per_trial"] = round(1000 * (server1 - server0) / max(1, stored), 1)
     if figures["stored"]:
         figures["server_cpu_ms_per_trial"] = round(1000 * load.server_cpu_s / figures["stored"], 1)
     return figures
@@ -162,7 +168,7 @@ class LoadWatch:
         self.before = os.getloadavg()[0]
         self._busy0 = _machine_busy()
         self.samples: list[float] = []
-        self.busy: list[tuple[float, int, int]] = []  # (time.time(), busy, total jiffies)
+        self.busy: list[tuple[float, int, int, float]] = []  # (time.time(), busy, total jiffies, server CPU s)
         self._server0 = _server_cpu_s()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -171,7 +177,7 @@ class LoadWatch:
     def _run(self) -> None:
         tick = 0
         while not self._stop.wait(0.25):
-            self.busy.append((time.time(), *_machine_busy()))
+            self.busy.append((time.time(), *_machine_busy(), _server_cpu_s()))
             tick += 1
             if tick % 4 == 0:
                 self.samples.append(os.getloadavg()[0])
@@ -184,12 +190,11 @@ class LoadWatch:
         time.sleep(0.5)  # the workers' server processes exit and are reaped
         self.server_cpu_s = _server_cpu_s() - self._server0
 
-    def busy_between(self, start: float, end: float) -> float | None:
-        """The machine's busy share of its cores between two times (the search's span)."""
+    def window(self, start: float, end: float) -> tuple[tuple, tuple] | None:
+        """The first and the last sample (time, busy and total jiffies, server CPU s) taken
+        between two times; None with fewer than two."""
         inside = [b for b in self.busy if start <= b[0] <= end]
-        if len(inside) < 2:
-            return None
-        return (inside[-1][1] - inside[0][1]) / max(1, inside[-1][2] - inside[0][2])
+        return (inside[0], inside[-1]) if len(inside) >= 2 else None
 
     def figures(self) -> dict:
         return {"load_before": round(self.before, 2),
@@ -254,12 +259,15 @@ def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: lis
             "cpu_busy": round(cpu_s / wall / (os.cpu_count() or 1), 2),
             "worker_cpu_ms_per_trial": round(1000 * sum(d["cpu_s"] for d in docs) / n, 1),
             "worker_search_cpu_ms_per_trial": _search_cpu_ms(docs),
-            "_span_epoch": _epochs(created),
+            "_stored_at": [datetime.fromisoformat(str(s)).timestamp() for s in created],
             "statements_per_trial": round(db_totals["statements"] / n, 1),
             "transactions_per_trial": round(db_totals["transactions"] / n, 1),
             "round_trips_per_trial": round(_round_trips(url, db_totals) / n, 1),
             "rows_written_per_trial": round(db_totals["rows_written"] / n, 1),
-            "db_lock_wait_s": round(db_totals["lock_wait_s"], 2), "db_statement_s": round(db_totals["statement_s"], 2),
+            "db_lock_wait_s": round(db_totals["lock_wait_s"], 2),
+            "db_lock_held_ms_per_locked_transaction": round(1000 * db_totals["lock_held_s"]
+                                                            / max(1, db_totals["locked_transactions"]), 2),
+            "locked_transactions_per_trial": round(db_totals["locked_transactions"] / n, 2), "db_statement_s": round(db_totals["statement_s"], 2),
             "winners": {p["shape"]: p["winner_us"] for d in docs for p in d["problems"] if p["winner_us"]},
             "per_process": [{"wall_s": round(d["wall_s"], 2), "cpu_s": round(d["cpu_s"], 2),
                              "evaluated": len(d["evaluated"])} for d in docs],
@@ -281,17 +289,7 @@ def _search_cpu_ms(docs: list[dict]) -> float | None:
     return round(1000 * sum(s for s, _n in spent) / trials, 1) if trials else None
 
 
-def _epochs(stamps: list) -> tuple[float, float] | None:
-    from datetime import datetime
-
-    if len(stamps) < 2:
-        return None
-    return tuple(datetime.fromisoformat(str(s)).timestamp() for s in (stamps[0], stamps[-1]))
-
-
 def _span(stamps: list) -> float:
-    from datetime import datetime
-
     if len(stamps) < 2:
         return 0.0
     first, last = (datetime.fromisoformat(str(s)) for s in (stamps[0], stamps[-1]))
@@ -309,7 +307,7 @@ def scale(args, dbs: Databases) -> dict:
             trials = max(args.min_trials, args.trials_per_worker * workers)
             url = dbs.new()
             try:
-                figures = run(url, workers, [list(SHAPES[0])], trials, eval_ms, args.sampler)
+                figures = run(url, workers, [list(SHAPES[0])], trials, eval_ms, args.sampler, folder=dbs.folder)
             finally:
                 dbs.drop(url)
             ideal = workers * 1000 / eval_ms
@@ -320,7 +318,9 @@ def scale(args, dbs: Databases) -> dict:
             print(f"{workers:3d} workers, {eval_ms:g} ms: {figures['trials_per_s']} trials/s, efficiency "
                   f"{figures['efficiency']}, {figures['round_trips_per_trial']} round trips/trial, cpu "
                   f"{figures['cpu_busy']}, cpu/trial {figures['worker_search_cpu_ms_per_trial']} ms + server "
-                  f"{figures.get('server_cpu_ms_per_trial')} ms, busy {figures['machine_cpu_busy_in_search']}, load "
+                  f"{figures.get('server_search_cpu_ms_per_trial')} ms, busy {figures.get('machine_cpu_busy_in_search')}, "
+                  f"lock held {figures['db_lock_held_ms_per_locked_transaction']} ms x "
+                  f"{figures['locked_transactions_per_trial']}/trial, load "
                   f"{figures['load_before']}->{figures['load_during_max']}, duplicates {figures['duplicates']}", file=sys.stderr, flush=True)
             write(args.out, out)
     return out
@@ -336,7 +336,7 @@ def cases(args, dbs: Databases) -> dict:
                 continue
             url = dbs.new()
             try:
-                figures = run(url, processes, shapes, trials, args.eval_ms[0], args.sampler, gpus=gpus)
+                figures = run(url, processes, shapes, trials, args.eval_ms[0], args.sampler, gpus=gpus, folder=dbs.folder)
             finally:
                 dbs.drop(url)
             out["cases"][f"{name}_{label}"] = figures
