@@ -267,7 +267,11 @@ def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: lis
             "db_lock_wait_s": round(db_totals["lock_wait_s"], 2),
             "db_lock_held_ms_per_locked_transaction": round(1000 * db_totals["lock_held_s"]
                                                             / max(1, db_totals["locked_transactions"]), 2),
-            "locked_transactions_per_trial": round(db_totals["locked_transactions"] / n, 2), "db_statement_s": round(db_totals["statement_s"], 2),
+            "locked_transactions_per_trial": round(db_totals["locked_transactions"] / n, 2),
+            # of which row locks (the shared study's row, the GPU row): the rest are claims' locks
+            "row_locked_transactions_per_trial": round(db_totals.get("row_locked_transactions", 0) / n, 2),
+            "db_row_lock_held_ms_per_transaction": round(1000 * db_totals.get("row_lock_held_s", 0)
+                                                         / max(1, db_totals.get("row_locked_transactions", 0)), 2), "db_statement_s": round(db_totals["statement_s"], 2),
             "winners": {p["shape"]: p["winner_us"] for d in docs for p in d["problems"] if p["winner_us"]},
             "per_process": [{"wall_s": round(d["wall_s"], 2), "cpu_s": round(d["cpu_s"], 2),
                              "evaluated": len(d["evaluated"])} for d in docs],

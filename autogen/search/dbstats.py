@@ -35,6 +35,8 @@ class DbCounts:
     lock_wait_s: float = 0.0  # wall time of the statements that take a write lock
     lock_held_s: float = 0.0  # wall time from taking a write lock to the commit that frees it
     locked_transactions: int = 0  # transactions that took one
+    row_lock_held_s: float = 0.0  # of which row locks (FOR UPDATE: the shared study's, the GPU row's)
+    row_locked_transactions: int = 0
 
     def minus(self, earlier: "DbCounts") -> "DbCounts":
         return DbCounts(**{k: v - getattr(earlier, k) for k, v in asdict(self).items()})
@@ -44,7 +46,8 @@ class DbCounts:
         return {"db_statements_n": self.statements, "db_transactions_n": self.transactions,
                 "db_rows_written_n": self.rows_written, "db_statement": self.statement_s,
                 "db_lock_wait": self.lock_wait_s, "db_lock_held": self.lock_held_s,
-                "db_locked_transactions_n": self.locked_transactions}
+                "db_locked_transactions_n": self.locked_transactions, "db_row_lock_held": self.row_lock_held_s,
+                "db_row_locked_transactions_n": self.row_locked_transactions}
 
 
 _totals = DbCounts()
@@ -90,6 +93,7 @@ def install() -> None:
             locks = _takes_lock(statement)
             if locks:  # held from here to the transaction's end (ended)
                 conn.info.setdefault("_autogen_locked_at", time.monotonic())
+                conn.info["_autogen_row_lock"] = conn.info.get("_autogen_row_lock") or "FOR " in statement[-30:].upper()
             with _totals_lock:
                 _totals.statements += 1
                 _totals.statement_s += spent
@@ -99,11 +103,16 @@ def install() -> None:
 
         def ended(conn) -> None:
             locked_at = conn.info.pop("_autogen_locked_at", None)
+            row_lock = conn.info.pop("_autogen_row_lock", False)
             with _totals_lock:
                 _totals.transactions += 1
                 if locked_at is not None:
-                    _totals.lock_held_s += time.monotonic() - locked_at
+                    held = time.monotonic() - locked_at
+                    _totals.lock_held_s += held
                     _totals.locked_transactions += 1
+                    if row_lock:
+                        _totals.row_lock_held_s += held
+                        _totals.row_locked_transactions += 1
 
         event.listen(Engine, "commit", ended)
         event.listen(Engine, "rollback", ended)
