@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,7 @@ def worker(args) -> None:
     Path(args.report).write_text(json.dumps({
         "wall_s": wall, "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
         "evaluated": [name for b in made for name in b.evaluator.evaluated],
+        "cpu_at": [c for b in made for c in b.evaluator.cpu_at],
         "db": dbstats.snapshot().__dict__,
         "problems": [{"shape": p.shape_key, "measured": r.measured + r.failed, "phases_s": r.phases_s,
                       "winner": r.winner.trial.kernel_name if r.winner else None,
@@ -120,6 +122,7 @@ def run(url: str, processes: int, shapes: list, trials: int, eval_ms: float, sam
     meet = folder / "meet"
     reports = [folder / f"w{i}.json" for i in range(processes)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
+    load = LoadWatch()
     cpu0, wall0 = os.times(), time.monotonic()
     children = [subprocess.Popen([sys.executable, __file__, "worker", "--db", url, "--shapes", json.dumps(shapes),
                                   "--trials", str(trials), "--eval-ms", str(eval_ms), "--sampler", sampler,
@@ -133,13 +136,97 @@ def run(url: str, processes: int, shapes: list, trials: int, eval_ms: float, sam
         child.wait(max(1, deadline - time.monotonic()))
     wall = time.monotonic() - wall0
     cpu1 = os.times()
+    load.stop()
     failed = [r.with_suffix(".log").read_text()[-1500:] for c, r in zip(children, reports) if c.returncode != 0]
     if failed:
         raise SystemExit(f"{len(failed)} worker(s) failed; the first's log ends:\n{failed[0]}")
     docs = [json.loads(r.read_text()) for r in reports]
     evaluations = (folder / "evaluations.log").read_text().splitlines()
-    return summarise(url, docs, wall, (cpu1.children_user - cpu0.children_user)
-                     + (cpu1.children_system - cpu0.children_system), shapes, trials, evaluations)
+    figures = summarise(url, docs, wall, (cpu1.children_user - cpu0.children_user)
+                        + (cpu1.children_system - cpu0.children_system), shapes, trials, evaluations)
+    figures.update(load.figures())
+    stamps = figures.pop("_stored_at")  # epoch seconds of every stored trial, in order
+    window = load.window(stamps[0], stamps[-1]) if len(stamps) > 1 else None
+    if window is not None:  # the samples taken within the search's span
+        (t0, busy0, total0, server0), (t1, busy1, total1, server1) = window
+        stored = sum(1 for t in stamps if t0 <= t <= t1)
+        figures["machine_cpu_busy_in_search"] = round((busy1 - busy0) / max(1, total1 - total0), 2)
+        # The server's steady CPU per trial: within the span, without the start-up.
+        figures["server_search_cpu_ms_per_trial"] = round(1000 * (server1 - server0) / max(1, stored), 1)
+    if figures["stored"]:
+        figures["server_cpu_ms_per_trial"] = round(1000 * load.server_cpu_s / figures["stored"], 1)
+    return figures
+
+
+class LoadWatch:
+    """The machine's load average (1 min) before a run and, sampled every second, during it: the
+    machine is shared, and the figures mean little without it."""
+
+    def __init__(self):
+        import threading
+
+        self.before = os.getloadavg()[0]
+        self._busy0 = _machine_busy()
+        self.samples: list[float] = []
+        self.busy: list[tuple[float, int, int, float]] = []  # (time.time(), busy, total jiffies, server CPU s)
+        self._server0 = _server_cpu_s()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.wait(0.25):
+            self.busy.append((time.time(), *_machine_busy(), _server_cpu_s()))
+            tick += 1
+            if tick % 4 == 0:
+                self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        (busy0, total0), (busy1, total1) = self._busy0, _machine_busy()
+        self.machine_busy = (busy1 - busy0) / max(1, total1 - total0)
+        time.sleep(0.5)  # the workers' server processes exit and are reaped
+        self.server_cpu_s = _server_cpu_s() - self._server0
+
+    def window(self, start: float, end: float) -> tuple[tuple, tuple] | None:
+        """The first and the last sample (time, busy and total jiffies, server CPU s) taken
+        between two times; None with fewer than two."""
+        inside = [b for b in self.busy if start <= b[0] <= end]
+        return (inside[0], inside[-1]) if len(inside) >= 2 else None
+
+    def figures(self) -> dict:
+        return {"load_before": round(self.before, 2),
+                "load_during_max": round(max(self.samples, default=self.before), 2),
+                "machine_cpu_busy": round(self.machine_busy, 2), "server_cpu_s": round(self.server_cpu_s, 2)}
+
+
+def _server_cpu_s() -> float:
+    """CPU seconds of the local PostgreSQL server so far: its postmaster's own and its reaped
+    children's, plus its live children's (0 where none runs here)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            text = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if name.startswith("postgres"):
+            stats[int(entry.name)] = (int(rest[1]), [int(x) for x in rest[11:15]])  # ppid; utime stime cutime cstime
+    roots = [pid for pid, (ppid, _t) in stats.items() if ppid not in stats]
+    total = 0
+    for pid, (ppid, times) in stats.items():
+        total += sum(times) if pid in roots else times[0] + times[1]
+    return total / tick
+
+
+def _machine_busy() -> tuple[int, int]:
+    """All cores' busy and total jiffies so far (/proc/stat): every process's, other sessions' too."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: list, trials: int,
@@ -170,11 +257,21 @@ def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: lis
             "evaluations": len(evaluations), "duplicates": sum(c - 1 for c in counted.values() if c > 1),
             "search_span_s": round(search_s, 2), "trials_per_s": round(len(stored) / search_s, 2) if search_s else None,
             "cpu_busy": round(cpu_s / wall / (os.cpu_count() or 1), 2),
+            "worker_cpu_ms_per_trial": round(1000 * sum(d["cpu_s"] for d in docs) / n, 1),
+            "worker_search_cpu_ms_per_trial": _search_cpu_ms(docs),
+            "_stored_at": [datetime.fromisoformat(str(s)).timestamp() for s in created],
             "statements_per_trial": round(db_totals["statements"] / n, 1),
             "transactions_per_trial": round(db_totals["transactions"] / n, 1),
             "round_trips_per_trial": round(_round_trips(url, db_totals) / n, 1),
             "rows_written_per_trial": round(db_totals["rows_written"] / n, 1),
-            "db_lock_wait_s": round(db_totals["lock_wait_s"], 2), "db_statement_s": round(db_totals["statement_s"], 2),
+            "db_lock_wait_s": round(db_totals["lock_wait_s"], 2),
+            "db_lock_held_ms_per_locked_transaction": round(1000 * db_totals["lock_held_s"]
+                                                            / max(1, db_totals["locked_transactions"]), 2),
+            "locked_transactions_per_trial": round(db_totals["locked_transactions"] / n, 2),
+            # of which row locks (the shared study's row, the GPU row): the rest are claims' locks
+            "row_locked_transactions_per_trial": round(db_totals.get("row_locked_transactions", 0) / n, 2),
+            "db_row_lock_held_ms_per_transaction": round(1000 * db_totals.get("row_lock_held_s", 0)
+                                                         / max(1, db_totals.get("row_locked_transactions", 0)), 2), "db_statement_s": round(db_totals["statement_s"], 2),
             "winners": {p["shape"]: p["winner_us"] for d in docs for p in d["problems"] if p["winner_us"]},
             "per_process": [{"wall_s": round(d["wall_s"], 2), "cpu_s": round(d["cpu_s"], 2),
                              "evaluated": len(d["evaluated"])} for d in docs],
@@ -187,9 +284,16 @@ def _round_trips(url: str, db: dict) -> int:
     return db["statements"] + db["transactions"] * (2 if url.startswith("postgresql") else 1)
 
 
-def _span(stamps: list) -> float:
-    from datetime import datetime
+def _search_cpu_ms(docs: list[dict]) -> float | None:
+    """A worker's CPU between its first and its last evaluation over the trials between them
+    (every thread of it: the loop, the heartbeat, the study's writer): the steady cost of a trial,
+    without the start-up and the re-timing."""
+    spent = [(d["cpu_at"][-1] - d["cpu_at"][0], len(d["cpu_at"]) - 1) for d in docs if len(d.get("cpu_at", [])) > 1]
+    trials = sum(n for _s, n in spent)
+    return round(1000 * sum(s for s, _n in spent) / trials, 1) if trials else None
 
+
+def _span(stamps: list) -> float:
     if len(stamps) < 2:
         return 0.0
     first, last = (datetime.fromisoformat(str(s)) for s in (stamps[0], stamps[-1]))
@@ -207,7 +311,7 @@ def scale(args, dbs: Databases) -> dict:
             trials = max(args.min_trials, args.trials_per_worker * workers)
             url = dbs.new()
             try:
-                figures = run(url, workers, [list(SHAPES[0])], trials, eval_ms, args.sampler)
+                figures = run(url, workers, [list(SHAPES[0])], trials, eval_ms, args.sampler, folder=dbs.folder)
             finally:
                 dbs.drop(url)
             ideal = workers * 1000 / eval_ms
@@ -217,7 +321,11 @@ def scale(args, dbs: Databases) -> dict:
             out["runs"].append(figures)
             print(f"{workers:3d} workers, {eval_ms:g} ms: {figures['trials_per_s']} trials/s, efficiency "
                   f"{figures['efficiency']}, {figures['round_trips_per_trial']} round trips/trial, cpu "
-                  f"{figures['cpu_busy']}, duplicates {figures['duplicates']}", file=sys.stderr, flush=True)
+                  f"{figures['cpu_busy']}, cpu/trial {figures['worker_search_cpu_ms_per_trial']} ms + server "
+                  f"{figures.get('server_search_cpu_ms_per_trial')} ms, busy {figures.get('machine_cpu_busy_in_search')}, "
+                  f"lock held {figures['db_lock_held_ms_per_locked_transaction']} ms x "
+                  f"{figures['locked_transactions_per_trial']}/trial, load "
+                  f"{figures['load_before']}->{figures['load_during_max']}, duplicates {figures['duplicates']}", file=sys.stderr, flush=True)
             write(args.out, out)
     return out
 
@@ -232,7 +340,7 @@ def cases(args, dbs: Databases) -> dict:
                 continue
             url = dbs.new()
             try:
-                figures = run(url, processes, shapes, trials, args.eval_ms[0], args.sampler, gpus=gpus)
+                figures = run(url, processes, shapes, trials, args.eval_ms[0], args.sampler, gpus=gpus, folder=dbs.folder)
             finally:
                 dbs.drop(url)
             out["cases"][f"{name}_{label}"] = figures

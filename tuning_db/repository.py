@@ -448,33 +448,61 @@ class TuningDB:
         wrote it: a worker killed holding it would block the variant). Decided under the write lock (SQLite: BEGIN
         IMMEDIATE; PostgreSQL: a transaction-level advisory lock on the problem, see _lock_problem),
         so concurrent workers never both win, and the budget is exact across them."""
+        return self.claim_many(device, [(trial, variant)], owner, lease_s, budget, longest_lease_s)[0]
+
+    def claim_many(
+        self,
+        device: DeviceIdentity,
+        wanted: list[tuple[TrialRecord, str]],
+        owner: str,
+        lease_s: float,
+        budget: int | None = None,
+        longest_lease_s: float | None = None,
+    ) -> list[Claim]:
+        """claim() for several (trial, variant) pairs of ONE problem, in one transaction under
+        one lock: a worker that keeps several variants in flight claims them together, paying
+        the lock, its wait, one read (_CLAIMS_CHECK), one insert and the commit once: the lock
+        is held for those four round trips whatever the batch's size. Decided in order, each as
+        claim() would (the budget counts the ones claimed before it in the batch; a variant
+        asked twice is claimed once); one Claim per pair, in order."""
+        if not wanted:
+            return []
+        first = wanted[0][0]
+        problem_of = lambda t: (t.family, t.dtype, t.shape_key, t.cache_mode)  # noqa: E731
+        if any(problem_of(t) != problem_of(first) for t, _v in wanted):
+            raise ValueError("claim_many: every variant must be of one problem and cache mode")
         with self._write() as session:
             connection = session.connection()
             gpu_id = self._gpu_id(session, device)
-            problem = _problem_params(gpu_id, trial)
-            now = _lock_problem(session, gpu_id, trial.family, trial.dtype, trial.shape_key, trial.cache_mode)
-            found = connection.execute(_CLAIM_CHECK, {**problem, "variant": variant,
-                                                      "kernel_name": trial.kernel_name}).one()
-            row = None if found.c_id is None else found
-            if row is not None and row.c_state == "done":
-                return Claim("done", row.c_kernel_name)
-            left = None if row is None else _lease_left(row.c_expires_at, now)
-            if left is not None and 0 < left <= (longest_lease_s or math.inf) and row.c_owner != owner:
-                return Claim("taken", row.c_kernel_name)
-            if found.stored is not None:  # measured before claims existed, or without one
-                return Claim("done", found.stored)
-            # Stored trials (not rejected) and running claims, lapsed ones included: a dead
-            # worker's variant keeps its place in the budget until a live worker takes it over.
-            if budget is not None and found.launched >= budget:
-                return Claim("budget")
-            values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
-                          owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
-            if row is None:
-                connection.execute(_NEW_CLAIM, {**_problem_values(gpu_id, trial), "variant": variant,
-                                                      "attempts": 1, "created_at": values["updated_at"], **values})
-                return Claim("claimed", trial.kernel_name)
-            connection.execute(_UPDATE_CLAIM, {"claim_id": row.c_id, "attempts": row.c_attempts + 1, **values})
-            return Claim("claimed", trial.kernel_name, taken_over=row.c_owner != owner, previous=row.c_owner)
+            now = _lock_problem(session, gpu_id, first.family, first.dtype, first.shape_key, first.cache_mode)
+            found = connection.execute(_CLAIMS_CHECK, {**_problem_params(gpu_id, first),
+                                                       "variants": [variant for _t, variant in wanted],
+                                                       "names": [trial.kernel_name for trial, _v in wanted]}).all()
+            launched = found[0].launched
+            rows = {r.c_variant: _ClaimRow(r) for r in found if r.c_id is not None}
+            stored = {r.stored for r in found if r.stored is not None}
+            answers, new, taken_over = [], [], []
+            for trial, variant in wanted:
+                answer = _decide_claim(rows.get(variant), trial.kernel_name in stored, launched, now, trial.kernel_name,
+                                       owner, budget, longest_lease_s)
+                answers.append(answer)
+                if answer.status != "claimed":
+                    continue
+                values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
+                              owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
+                row = rows.get(variant)
+                if row is None:
+                    launched += 1  # a lapsed claim taken over counted already
+                    new.append({**_problem_values(gpu_id, trial), "variant": variant, "attempts": 1,
+                                "created_at": values["updated_at"], **values})
+                    rows[variant] = _Claimed(owner)  # a second ask of it in this batch: held
+                else:
+                    taken_over.append({"claim_id": row.id, "attempts": row.attempts + 1, **values})
+            if new:
+                connection.execute(_NEW_CLAIM, new)
+            for values in taken_over:
+                connection.execute(_UPDATE_CLAIM, values)
+            return answers
 
     def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
         """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
@@ -699,6 +727,43 @@ def _claim_params(stored: object) -> dict | None:
     return params if isinstance(params, dict) else None
 
 
+class _ClaimRow:
+    """A claim row as _CLAIMS_CHECK reads it (its columns prefixed c_)."""
+
+    def __init__(self, found):
+        self.id, self.owner, self.state = found.c_id, found.c_owner, found.c_state
+        self.expires_at, self.kernel_name, self.attempts = found.c_expires_at, found.c_kernel_name, found.c_attempts
+
+
+class _Claimed:
+    """A claim inserted earlier in the same batch, as _decide_claim reads a claim row."""
+
+    def __init__(self, owner: str):
+        self.owner, self.state, self.expires_at, self.kernel_name = owner, "running", math.inf, ""
+
+
+def _decide_claim(row, stored: bool, launched: int, now: float, kernel_name: str, owner: str,
+                  budget: int | None, longest_lease_s: float | None) -> Claim:
+    """One variant's claim, decided on its claim row (None: none), whether its kernel is stored,
+    and the problem's launched count (stored trials plus running claims), the lock held."""
+    if row is not None and row.state == "done":
+        return Claim("done", row.kernel_name)
+    left = None if row is None else _lease_left(row.expires_at, now)
+    if row is not None and row.owner == owner and isinstance(row, _Claimed):
+        return Claim("taken", kernel_name)  # asked twice in one batch: claimed once
+    if left is not None and 0 < left <= (longest_lease_s or math.inf) and row.owner != owner:
+        return Claim("taken", row.kernel_name)
+    if stored:  # measured before claims existed, or without one
+        return Claim("done", kernel_name)
+    # Stored trials (not rejected) and running claims, lapsed ones included: a dead worker's
+    # variant keeps its place in the budget until a live worker takes it over.
+    if budget is not None and launched >= budget:
+        return Claim("budget")
+    if row is None:
+        return Claim("claimed", kernel_name)
+    return Claim("claimed", kernel_name, taken_over=row.owner != owner, previous=row.owner)
+
+
 def _lease_left(expires_at: object, now: float) -> float:
     """Seconds left on a claim's lease; a value that is not a finite number reads as lapsed."""
     if isinstance(expires_at, bool) or not isinstance(expires_at, (int, float)) or not math.isfinite(expires_at):
@@ -776,21 +841,24 @@ _GPU_ID = select(GpuRow.id).where(GpuRow.name == bindparam("name"), GpuRow.compu
 # FOR NO KEY UPDATE: the GPU row's lockers queue behind each other, while the foreign-key checks
 # of claims and trials inserted meanwhile (FOR KEY SHARE) do not wait for them.
 _LOCK_GPU = _GPU_ID.with_for_update(key_share=True)
-# What a claim decides on, in one round trip (it holds the problem's lock meanwhile): the
-# variant's claim row (c_*, all None where there is none), a stored trial of the kernel, and the
-# problem's stored trials (not rejected) plus running claims.
-_claim_row = select(ClaimRow.__table__).where(*_where_problem(ClaimRow), ClaimRow.variant == bindparam("variant")).subquery()
-_CLAIM_CHECK = select(
-    *(column.label(f"c_{column.name}") for column in _claim_row.columns),
-    select(TrialRow.kernel_name)
-    .where(*_where_problem(TrialRow), TrialRow.kernel_name == bindparam("kernel_name"), TrialRow.status != "rejected")
-    .limit(1).scalar_subquery().label("stored"),
+_NEW_CLAIM = insert(ClaimRow.__table__)
+# What a batch of claims decides on, in one round trip (claim_many holds the problem's lock
+# meanwhile): the problem's stored trials (not rejected) plus running claims, the claim rows of
+# the batch's variants (c_*), and which of its kernels are stored (stored): a row per pair of
+# claim row and stored kernel (outer joins on a one-row select), a few rows for a batch of a few.
+_claims_of = select(ClaimRow.__table__).where(*_where_problem(ClaimRow),
+                                              ClaimRow.variant.in_(bindparam("variants", expanding=True))).subquery()
+_stored_of = (select(TrialRow.kernel_name).where(*_where_problem(TrialRow), TrialRow.status != "rejected",
+                                                 TrialRow.kernel_name.in_(bindparam("names", expanding=True)))
+              .subquery())
+_CLAIMS_CHECK = select(
     (select(func.count()).select_from(TrialRow)
      .where(*_where_problem(TrialRow), TrialRow.status != "rejected").scalar_subquery()
      + select(func.count()).select_from(ClaimRow)
      .where(*_where_problem(ClaimRow), ClaimRow.state == "running").scalar_subquery()).label("launched"),
-).select_from(select(literal(1).label("one")).subquery().outerjoin(_claim_row, true()))
-_NEW_CLAIM = insert(ClaimRow.__table__)
+    *(column.label(f"c_{column.name}") for column in _claims_of.columns),
+    _stored_of.c.kernel_name.label("stored"),
+).select_from(select(literal(1).label("one")).subquery().outerjoin(_claims_of, true()).outerjoin(_stored_of, true()))
 # Executed with the new values by column name (kernel_name, params, owner, ...): the SET clause.
 _UPDATE_CLAIM = update(ClaimRow.__table__).where(ClaimRow.id == bindparam("claim_id"))
 _CLAIM_DONE = (update(ClaimRow.__table__)

@@ -12,11 +12,14 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable, TYPE_CHECKING
+
+import optuna
 
 from tuning_db import TuningDB
 
 from autogen.catalog.stored import unusable_reason, usable_trials
+from autogen.core.problem import Config
 from autogen.core.render import render, source_hash
 from autogen.search.lease import MAX_LEASE_S
 from autogen.search.studies import PENALTY_US
@@ -26,6 +29,13 @@ if TYPE_CHECKING:  # the loop imports this module
 
 log = logging.getLogger("autogen.search.claims")
 
+# Variants claimed together, in one transaction under the problem's lock (TuningDB.claim_many):
+# the loop refills its pipeline once this many places are free in it, so that each claim's lock,
+# its wait and its commit are paid once per batch rather than once per variant. The pipeline
+# holds this many - 1 variants more than it would otherwise (the GPU never waits on a claim).
+CLAIM_BATCH = 3
+# Asks per place in a batch before the loop claims what it has (rejected or known points).
+ASKS_PER_PLACE = 8
 # A worker out of budget reads the other workers' claims in flight again after this long at
 # first (TakeOver._drain), then less often while they stay the same.
 DRAIN_POLL_S = 0.02
@@ -182,3 +192,63 @@ class TakeOver:
             self.db.release_claims(self.owner)
         except Exception:
             pass  # the leases lapse anyway
+
+
+class BatchClaims:
+    """The search loop's (autogen.search.loop.SearchLoop) asks turned into claimed variants, a
+    batch at a time. Uses the loop's sampler, problem, budget and counts."""
+
+    def _next_batch(self, room: int, may_ask: Callable[[], bool]) -> list[_Pending]:
+        """Up to ``room`` variants to measure: asked one by one, claimed together (claim_many).
+        Two asks of one variant (the same point, or points rendering the same code) are measured
+        once and told the same value."""
+        wanted: dict[str, tuple[list, Config, str, str]] = {}  # variant -> (trials, config, name, source)
+        asks = 0
+        while len(wanted) < room and asks < ASKS_PER_PLACE * room and may_ask():
+            asks += 1
+            with self._timed("ask"):
+                trial = self._ask()
+            if trial is None:
+                break
+            with self._timed("prepare"):  # check, render, compare with what is measured
+                outcome = self._classify(trial)
+                if outcome is None:
+                    self.idle_asks += 1
+                    continue
+                config, name, source = outcome
+                variant = body_hash(source, name)
+            if variant in wanted:
+                wanted[variant][0].append(trial)
+                continue
+            wanted[variant] = ([trial], config, name, source)
+        if not wanted:
+            return []
+        with self._timed("claim"):
+            answers = self.db.claim_many(self.device, [(self._record_base(name, config, source), variant)
+                                                       for variant, (_trials, config, name, source) in wanted.items()],
+                                         self.owner, self.lease.lease_s, budget=self.options.trials)
+        claimed = [self._claimed(answer, variant, *item) for (variant, item), answer in zip(wanted.items(), answers)]
+        return [entry for entry in claimed if entry is not None]
+
+    def _claimed(self, claim, variant: str, trials: list, config: Config, name: str, source: str) -> _Pending | None:
+        """The variant to measure where ``claim`` won it; otherwise its asked trials told."""
+        if claim.status == "claimed":
+            self.idle_asks = 0
+            return self._pending(trials, config, name, source, variant)
+        self.idle_asks += 1
+        if claim.status == "done":  # another worker (or an earlier run) measured it
+            known = self.db.find_trial(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
+                                       claim.kernel_name, self.options.cache_mode)
+            if known is not None and not unusable_reason(self.family, self.problem.dtype, self.problem.traits, known):
+                self.stored[name] = known
+                self.counts.reused += 1
+                for trial in trials:
+                    self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
+                return None
+        elif claim.status == "budget":
+            self.budget_reached = True
+        # Taken (another worker holds it: its shared trial stands for it), or past the budget:
+        # not a measurement; FAIL keeps it out of the sampler's model.
+        for trial in trials:
+            self.local.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return None

@@ -22,7 +22,6 @@ from optuna.distributions import CategoricalDistribution
 from tuning_db import TuningDB
 from tuning_db.records import TrialRecord
 
-from autogen.catalog.stored import unusable_reason
 from autogen.core.problem import Config, Problem
 from autogen.core.render import render, source_hash
 from autogen.core.space import Space
@@ -30,7 +29,7 @@ from autogen.errors import CompileError, UsageError
 from autogen.gpu.compile import compile_options
 from autogen.gpu.measure import time_into
 from autogen.search import dbstats, studies
-from autogen.search.claims import body_hash, Heartbeat, Lease, new_owner, TakeOver
+from autogen.search.claims import BatchClaims, body_hash, CLAIM_BATCH, Heartbeat, Lease, new_owner, TakeOver
 from autogen.search.optuna_internals import FixedSpaceTPESampler
 from autogen.search.progress import TrialDone
 from autogen.search.studies import PENALTY_US
@@ -103,7 +102,7 @@ class _Pending:
     taken_over_from: str = ""  # the dead worker whose claim this was
 
 
-class SearchLoop(TakeOver):
+class SearchLoop(TakeOver, BatchClaims):
     """Ask the shared study, claim the variant, render, compile ahead in the backend's pool,
     evaluate in order on the GPU worker, store every trial as it completes (marking its claim
     done), tell Optuna. A variant already measured (this run, an earlier one, or another worker),
@@ -160,7 +159,7 @@ class SearchLoop(TakeOver):
         self.fixed = collections.deque(self.start.seeds + exhaustive)  # asked first, in order
         self.by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
         self.in_flight: dict[str, _Pending] = {}
-        depth = max(2, 2 * options.workers)
+        depth = max(2, 2 * options.workers) + CLAIM_BATCH - 1
         self.idle_asks = 0
         self.budget_reached = self.space_done = False
         last_check = 0.0
@@ -200,7 +199,7 @@ class SearchLoop(TakeOver):
                             submit(entry)
                     with self._timed("refresh"):
                         study.refresh(min_interval_s=REFRESH_S, wait=False)
-                    can_ask = len(pending) < depth and may_ask()
+                    can_ask = len(pending) <= depth - CLAIM_BATCH and may_ask()
                     # Results are stored and told only once asking is done for now (not as soon
                     # as the GPU is done), oldest first: the order of asks and tells, hence a
                     # seeded search, does not depend on timing.
@@ -211,8 +210,7 @@ class SearchLoop(TakeOver):
                         self._complete(entry, outcome)
                         continue
                     if can_ask:
-                        entry = self._next()
-                        if entry is not None:
+                        for entry in self._next_batch(depth - len(pending), may_ask):
                             self.in_flight[entry.name] = entry
                             submit(entry)
                         continue
@@ -290,40 +288,6 @@ class SearchLoop(TakeOver):
 
     def _timed(self, part: str):
         return time_into(self.counts.spent_s, part)
-
-    def _next(self) -> _Pending | None:
-        with self._timed("ask"):
-            trial = self._ask()
-        if trial is None:
-            return None
-        with self._timed("prepare"):  # check, render, compare with what is measured
-            outcome = self._classify(trial)
-        if outcome is None:
-            self.idle_asks += 1
-            return None
-        config, name, source = outcome
-        variant = body_hash(source, name)
-        with self._timed("claim"):
-            claim = self.db.claim(self.device, self._record_base(name, config, source), variant, self.owner,
-                                  self.lease.lease_s, budget=self.options.trials)
-        if claim.status == "claimed":
-            self.idle_asks = 0
-            return self._pending([trial], config, name, source, variant)
-        self.idle_asks += 1
-        if claim.status == "done":  # another worker (or an earlier run) measured it
-            known = self.db.find_trial(self.device, self.problem.family, self.problem.dtype, self.problem.shape_key,
-                                       claim.kernel_name, self.options.cache_mode)
-            if known is not None and not unusable_reason(self.family, self.problem.dtype, self.problem.traits, known):
-                self.stored[name] = known
-                self.counts.reused += 1
-                self.local.tell(trial, known.time_us if known.status == "ok" else PENALTY_US)
-                return None
-        elif claim.status == "budget":
-            self.budget_reached = True
-        # Taken (another worker holds it: its shared trial stands for it), or past the budget:
-        # not a measurement; FAIL keeps it out of the sampler's model.
-        self.local.tell(trial, state=optuna.trial.TrialState.FAIL)
-        return None
 
     def _pending(self, trials: list, config: Config, name: str, source: str, variant: str,
                  taken_over_from: str = "") -> _Pending:

@@ -45,7 +45,7 @@ import optuna
 from optuna.distributions import (CategoricalDistribution, check_distribution_compatibility, distribution_to_json,
                                   json_to_distribution)
 from optuna.trial import TrialState
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, text
 
 # Optuna's ORM models (``_rdb.models``) are imported where used, as Optuna itself imports them
 # lazily: the storage that needs them opens on a background thread (studies.open_storage_soon),
@@ -73,6 +73,12 @@ def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, 
         if template.system_attrs or template.intermediate_values:
             raise ValueError("add_trials writes no system attributes or intermediate values")
     with _create_scoped_session(rdb.scoped_session) as session:
+        if session.get_bind().dialect.name == "postgresql":
+            # Every worker of the problem queues for the study's row lock, which PostgreSQL frees
+            # only once the commit is on disk: this transaction does not wait for the disk. The
+            # study is a copy of autogen's tables (the source of truth), and the trials a server
+            # crash may lose are added again by the next worker to open it (add_known).
+            session.execute(text("SELECT set_config('synchronous_commit', 'off', true)"))
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
         templates = _new_kernels(session, study_id, templates)
         if not templates:

@@ -79,6 +79,7 @@ class ReplayEvaluator:
         self.meeting = meeting  # (the Meeting, this problem's mark): attended before the first evaluation
         self.restarts = 0
         self.evaluated: list[str] = []
+        self.cpu_at: list[float] = []  # the process's CPU seconds at each evaluation (simulations' cost per trial)
         self.log = log  # (file, problem mark): each evaluation appended as a line, by any process
         self.retimed: list[list[str]] = []
 
@@ -91,6 +92,7 @@ class ReplayEvaluator:
         if self.fault_after is not None and len(self.evaluated) >= self.fault_after:
             raise RuntimeError(f"replayed GPU fault after {self.fault_after} evaluations")
         self.evaluated.append(kernel_name)
+        self.cpu_at.append(time.process_time())
         if self.log is not None:
             with open(self.log[0], "a") as log:  # one short write per line: processes' lines never mix
                 log.write(f"{self.log[1]} {kernel_name}\n")

@@ -27,7 +27,7 @@ import pytest
 from tuning_db import TuningDB, upgrade
 
 from autogen.distributed import multi_gpu as distributed
-from autogen.search import studies
+from autogen.search import dbstats, studies
 from autogen.distributed.multi_gpu import MultiGpu, parse_gpus, resolve_gpus
 from autogen.errors import UsageError
 from autogen.core.registry import get_family
@@ -191,6 +191,31 @@ def test_claims_decide_once_and_expire(url):
     assert db.release_claims("carol") == 1
     assert [(c.variant, c.state) for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)] == [
         ("v1", "done")]
+
+
+def test_claims_in_a_batch_decide_each_variant_under_one_lock(url):
+    from tuning_db.records import TrialRecord
+
+    db = TuningDB(url)
+    config = SGEMV.default_config()
+
+    def trial(name):
+        return TrialRecord("sgemv", "float32", PROBLEM.shape_key, name, config.as_dict(), "rejected")
+
+    assert db.claim(DEVICE, trial("k_b"), "vb", "bob", 60, budget=4).status == "claimed"
+    before = dbstats.snapshot()
+    got = db.claim_many(DEVICE, [(trial(f"k_{v}"), f"v{v}") for v in "abcde"], "alice", 60, budget=4)
+    spent = dbstats.snapshot().minus(before)
+    # b is bob's; a, c, d fill the budget of 4 with bob's claim; e is past it.
+    assert [g.status for g in got] == ["claimed", "taken", "claimed", "claimed", "budget"]
+    assert spent.transactions == 1  # one lock, one commit for the five
+    running = db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key, running=True)
+    assert sorted((c.variant, c.owner) for c in running) == [("va", "alice"), ("vb", "bob"), ("vc", "alice"),
+                                                             ("vd", "alice")]
+    assert db.claim_many(DEVICE, [], "alice", 60) == []
+    other_shape = TrialRecord("sgemv", "float32", "m=1,n=1", "k_x", config.as_dict(), "rejected")
+    with pytest.raises(ValueError, match="one problem"):
+        db.claim_many(DEVICE, [(trial("k_f"), "vf"), (other_shape, "vx")], "alice", 60)
 
 
 # -- several GPUs of one machine (autogen.distributed.multi_gpu) ----------------------------------------------

@@ -96,3 +96,23 @@ def test_the_replay_aid_logs_each_evaluation_with_its_problem(tmp_path, monkeypa
           progress=lambda _line: None, backend_factory=factory).run()
     lines = log.read_text().splitlines()
     assert len(lines) == 4 and all(line.startswith("sgemv-float32-m8192-n16 ") for line in lines)
+
+
+def test_the_loop_claims_its_variants_in_batches(db_url, monkeypatch):
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    batches = []
+    claim_many = TuningDB.claim_many
+
+    def counted(self, device, wanted, *args, **kwargs):
+        answers = claim_many(self, device, wanted, *args, **kwargs)
+        batches.append(sum(a.status == "claimed" for a in answers))
+        return answers
+
+    monkeypatch.setattr(TuningDB, "claim_many", counted)
+    backend = ReplayBackend(RECORDING)
+    result = Tuner(PROBLEM, TuneOptions(db_url=db_url, workers=1, trials=12, sampler="random"),
+                   progress=lambda _line: None, backend_factory=lambda *_args: backend).run()
+    assert sum(batches) == result.measured + result.failed == 12  # the budget exact
+    assert max(batches) <= 2 + claims.CLAIM_BATCH - 1  # the pipeline's depth
+    assert len(batches) < 12 and max(batches) >= claims.CLAIM_BATCH  # fewer claims than variants
+    assert len(set(backend.evaluator.evaluated)) == len(backend.evaluator.evaluated)  # none twice
