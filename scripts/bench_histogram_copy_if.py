@@ -86,6 +86,17 @@ def start_cub_build(out: Path, arch: str):
     return process, library
 
 
+def start_gpu_and_cub(out: Path):
+    """(cupy, torch or None, the GPU's arch, the CUB peers' build started in the background)."""
+    from autogen.gpu.device import device_identity, require_cupy
+    from autogen.gpu.peers import torch_cuda
+
+    cupy = require_cupy()
+    arch = device_identity().arch
+    build = start_cub_build(out, arch)  # first: torch's import overlaps the nvcc build
+    return cupy, torch_cuda(), arch, build
+
+
 def cub_ready(build, wait: bool) -> Path | None:
     """The library once nvcc has finished (named in AUTOGEN_CUB_PEERS for the tuner's peers)."""
     from autogen.families import cub_peers
@@ -256,13 +267,8 @@ def main(argv=None) -> int:
     started = time.monotonic()
 
     from autogen.core.registry import get_family
-    from autogen.gpu.device import device_identity, require_cupy
-    from autogen.gpu.peers import torch_cuda
 
-    cupy = require_cupy()
-    arch = device_identity().arch
-    build = start_cub_build(args.out, arch)
-    torch = torch_cuda()
+    cupy, torch, arch, build = start_gpu_and_cub(args.out)
     db_url = args.db or f"sqlite:///{args.out / 'bench_histogram_copy_if.db'}"
     selected = [p for p in PROBLEMS if not args.only or p[0] == args.only]
     # ~4 s of start-up and finish per tune; the rest split by weight among the searches left,

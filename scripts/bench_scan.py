@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_histogram_copy_if import cub_ready, graph_us, start_cub_build, torch_graph_us, winner_launcher  # noqa: E402
+from bench_histogram_copy_if import cub_ready, graph_us, start_gpu_and_cub, torch_graph_us, winner_launcher  # noqa: E402
 from benchlib import Budget, cold_input_sets, num, table, tune_each, write_results  # noqa: E402
 
 SIZES = (2**24, 2**28, 1_000_003, 16_777_259, 123_456_791)  # the two, then three odd n
@@ -117,13 +117,8 @@ def main(argv=None) -> int:
     started = time.monotonic()
 
     from autogen.core.registry import get_family
-    from autogen.gpu.device import device_identity, require_cupy
-    from autogen.gpu.peers import torch_cuda
 
-    cupy = require_cupy()
-    arch = device_identity().arch
-    build = start_cub_build(args.out, arch)
-    torch = torch_cuda()
+    cupy, torch, arch, build = start_gpu_and_cub(args.out)
     family = get_family("scan")
     db_url = args.db or f"sqlite:///{args.out / 'bench_scan.db'}"
     selected = problems_of(args.dtypes.split(","), args.exclusive)
