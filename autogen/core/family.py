@@ -412,6 +412,16 @@ class Family:
         take outputs and workspace from the caller or from a per-stream cache)."""
         raise NotImplementedError(f"{self.name} has no Python call API")
 
+    # The shape of the example call the GPU tests and scripts/bench_dispatch.py make (dimension ->
+    # size; traits take their defaults). None: 1000 along each dimension. A family whose operands
+    # grow with several dimensions (a batched GEMM, a list of inputs) states a small one: the
+    # default of 1000 each would allocate gigabytes there.
+    example_dims: dict | None = None
+
+    def example_problem(self) -> Problem:
+        """The problem of the family's example call: example_dims, or 1000 along each dimension."""
+        return self.problem(None, **(self.example_dims or {d: 1000 for d in self.dims}))
+
     def example_call(self, problem: Problem, cupy) -> tuple[tuple, dict] | None:
         """(args, kwargs) of a call of autogen.<api> at `problem`'s shape, made of CuPy arrays,
         with every output passed in (out=, y=...) so that the call is safe inside CuPy's stream

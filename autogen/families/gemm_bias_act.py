@@ -62,6 +62,7 @@ class GemmBiasAct(GemmBase):
     template = "gemm_bias_act/kernel.cu.j2"
     api = "gemm_bias_act"
     dims = ("batch", "m", "n", "k")
+    example_dims = {"batch": 3, "m": 130, "n": 257, "k": 67}  # with tails; 1000 each would be 4 GB an operand
     dim_defaults = {"batch": 1}
     traits = (Trait("act", ACTIVATIONS, "activation of the epilogue: relu, gelu (the erf form, as "
                     "torch.nn.functional.gelu's default) or none (bias only)", code=True),)

@@ -171,7 +171,7 @@ class Hgemv(GemvFamily):
                    (37, 1000, 8), (4099, 70, 1), (513, 257, 7), (130, 4104, 2), (5, 16, 6), (2, 64, 9))  # tails
     dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
     export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
-    example_dims = {"m": 1000, "n": 1000, "batch": 4}  # the shape tests/runtime/test_gpu_capture.py calls
+    example_dims = {"m": 1000, "n": 1000, "batch": 4}
     dtypes = ("float16", "bfloat16")
     space = SPACE
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,

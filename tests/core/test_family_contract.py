@@ -75,3 +75,12 @@ def test_inputs_reference_and_byte_count_agree(name, dtype):
     assert family.bytes_moved(problem, family.timing_case(problem)) > 0
     # 0 only where the family's own comparison is exact (a copy): a relative error needs a bound.
     assert family.tolerance_for(problem) > 0 or type(family).compare is not Family.compare
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_the_example_problem_is_small_enough_to_share_a_gpu(name):
+    # The GPU tests make every family's example call side by side in several processes: an
+    # example of gigabytes (1000 along each of four dimensions) starved the others of memory.
+    family = FAMILIES[name]
+    problem = family.example_problem()
+    assert family.bytes_moved(problem) <= 64 << 20, f"{name}'s example problem {problem} moves over 64 MiB"

@@ -12,6 +12,7 @@ from family_checks import built_in_families
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
+import autogen.torch.ops  # noqa: E402,F401  registers torch.ops.autogen.*: this file must not rely on another having done it
 
 FAMILIES = [f for f in built_in_families().values()  # whichever test modules registered others first
             if f.op_signature is not None and type(f).example_call is not Family.example_call]
@@ -20,11 +21,12 @@ FAMILIES = [f for f in built_in_families().values()  # whichever test modules re
 def torch_example(family):
     """The family's example call (Family.example_call) as torch tensors: (args, outputs by keyword, scalars)."""
     import cupy
-    dims = getattr(family, "example_dims", None) or {d: 1000 for d in family.dims}
-    problem = family.problem(None, **dims)
+    problem = family.example_problem()
     args, kwargs = family.example_call(problem, cupy)
 
     def as_torch(value):
+        if isinstance(value, (list, tuple)):  # a Tensor[] operand (concat's)
+            return [as_torch(item) for item in value]
         if not isinstance(value, cupy.ndarray):
             return value
         tensor = torch.from_dlpack(value)

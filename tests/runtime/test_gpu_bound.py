@@ -16,7 +16,12 @@ from test_gpu_capture import FAMILIES, as_tuple, cupy, defined, example, fresh_d
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
+# A family without reuse_bound_calls binds every call (concat: a list operand cannot be keyed on
+# its arrays' ids, as the list can change between calls); its repeated calls are plain binds.
+REUSING = [f for f in FAMILIES if f.reuse_bound_calls]
+
+
+@pytest.mark.parametrize("family", REUSING, ids=[f.name for f in REUSING])
 def test_a_repeated_call_reads_new_data_and_matches_a_fresh_binding(family, cupy, fresh_dispatcher, monkeypatch):
     binds = []
     real_bind = family.bind

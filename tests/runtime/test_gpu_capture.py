@@ -21,10 +21,16 @@ FAMILIES = [f for f in built_in_families().values()  # whichever test modules re
 
 
 def example(family, cupy):
-    dims = getattr(family, "example_dims", None) or {d: 1000 for d in family.dims}
-    problem = family.problem(None, **dims)
+    problem = family.example_problem()
     args, kwargs = family.example_call(problem, cupy)
     return problem, args, kwargs
+
+
+def as_torch(torch, value, cupy):
+    """A CuPy array as a torch tensor on the same memory, lists of them (concat's) too."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_torch(torch, item, cupy) for item in value)
+    return torch.as_tensor(value, device="cuda") if isinstance(value, cupy.ndarray) else value
 
 
 @pytest.fixture
@@ -80,8 +86,10 @@ def test_cupy_stream_capture(family, cupy, fresh_dispatcher):
             stream.end_capture()
     with stream:
         call(*args, **kwargs)  # warm-up on the stream that will capture
+        # Copied on that stream and waited for: a copy on the null stream could still be reading
+        # when the poisoning below (on the non-blocking stream) writes NaN over the outputs.
+        eager = defined({k: v.copy() for k, v in outputs(kwargs, cupy).items()})
     stream.synchronize()
-    eager = defined({k: v.copy() for k, v in outputs(kwargs, cupy).items()})
     with stream:
         stream.begin_capture(global_mode(cupy))
         try:
@@ -120,9 +128,8 @@ def test_torch_cuda_graph(family, cupy, fresh_dispatcher, with_out):
     torch = pytest.importorskip("torch")
     call = make_call(family.name)
     _problem, args, kwargs = example(family, cupy)
-    targs = [torch.as_tensor(a, device="cuda") if isinstance(a, cupy.ndarray) else a for a in args]
-    tkwargs = {k: torch.as_tensor(v, device="cuda") if isinstance(v, cupy.ndarray) else v
-               for k, v in kwargs.items()}
+    targs = [as_torch(torch, a, cupy) for a in args]
+    tkwargs = {k: as_torch(torch, v, cupy) for k, v in kwargs.items()}
     if not with_out:
         tkwargs = {k: v for k, v in tkwargs.items() if not isinstance(v, torch.Tensor)}
     side = torch.cuda.Stream()
