@@ -409,8 +409,8 @@ def torch_cumsum_into(torch, exclusive: bool):
     x[:-1] into out[1:] and a zero out[0] (torch has no exclusive scan)."""
     def into(x, out) -> None:
         if exclusive:
-            out[:1].zero_()
-            torch.cumsum(x[:-1], 0, out=out[1:])
+            torch.cumsum(x[:-1], 0, dtype=out.dtype, out=out[1:])
+            out[:1].zero_()  # after the scan: zeroed first, out[0] was once found still poisoned (int32, H100, in a run short of GPU memory)
         else:
             torch.cumsum(x, 0, out=out)
 
