@@ -34,10 +34,11 @@ SPACE = Space(
         Param("elements_per_thread", (1, 2, 4, 8, 16, 32), "ept",
               "elements a thread moves per block, all loaded before any is stored"),
         Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
-        Param("walk", ("rows", "elements"), "w",
+        Param("walk", ("rows", "elements", "shift"), "w",
               "rows: a block copies a chunk of one row of y, each input in it a run (the widest unit both "
               "sides align to, single elements at its ends); elements: a block copies a chunk of one input, "
-              "each element finding its row by a division"),
+              "each element finding its row by a division; shift: rows, with 16-byte stores built by funnel "
+              "shifts where a run's source and destination do not align alike (16-byte packs only)"),
     ),
     constraints=(c2.packs_whole,),
 )
@@ -96,7 +97,7 @@ class Concat(Family):
         steps = []
         for group in range(0, k, SLOTS):
             slots = min(SLOTS, k - group)
-            if config["walk"] == "rows":
+            if config["walk"] != "elements":  # rows and shift
                 blocks = c2.rounded_up(rows * cols, chunk) if axis == 0 else rows * c2.rounded_up(cols, chunk)
             else:
                 blocks = c2.rounded_up(rows * cols, chunk) + slots
@@ -112,19 +113,23 @@ class Concat(Family):
         per_block = config["block_size"] * config["elements_per_thread"]
         if config["walk"] == "elements" and vw > 1 and cols % vw:
             return f"vector_width={vw} does not divide cols={cols}: rows of y break packs"
-        if config["walk"] == "rows" and problem["axis"] == "1" and per_block > 2 * cols and config["block_size"] > 128:
+        if config["walk"] == "shift" and vw * DTYPES[problem.dtype].itemsize != c2.MAX_PACK_BYTES:
+            return f"walk=shift builds 16-byte stores: vector_width={vw} of {problem.dtype} is not 16 bytes"
+        if config["walk"] != "elements" and problem["axis"] == "1" and per_block > 2 * cols and config["block_size"] > 128:
             return f"block_size*elements_per_thread={per_block} is over twice a row of {cols}: most threads idle"
         if config["block_size"] > 128 and per_block > 2 * c2.elements(problem):
             return f"block_size*elements_per_thread={per_block} covers over twice the output"
         return None
 
     def seed_configs(self, problem: Problem) -> list[Config]:
-        """Row runs in units of up to 16 bytes, two or four a thread, and in single elements; then
-        the element walk with 16-byte packs and with single elements; those pruned left out."""
+        """Row runs in units of up to 16 bytes, two or four a thread, and in single elements; the
+        shifted row walk; then the element walk with 16-byte packs and with single elements; those
+        pruned left out."""
         wide = c2.MAX_PACK_BYTES // DTYPES[problem.dtype].itemsize
         points = ({"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "rows"},
                   {"vector_width": wide, "elements_per_thread": 4 * wide, "block_size": 128, "walk": "rows"},
                   {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "rows"},
+                  {"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "shift"},
                   {"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "elements"},
                   {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "elements"})
         return ew.fitting_seeds(self, problem, points)

@@ -18,7 +18,7 @@ from autogen.core.render import render
 from autogen.families.concat import SLOTS
 
 CONCAT = get_family("concat")
-CONFIGS = [  # (dtype, params): both walks, every unit width, single elements, two launches' worth of slots
+CONFIGS = [  # (dtype, params): every walk, every unit width, single elements, two launches' worth of slots
     ("float16", {"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "rows"}),
     ("float16", {"vector_width": 4, "elements_per_thread": 4, "block_size": 128, "walk": "rows"}),
     ("float16", {"vector_width": 2, "elements_per_thread": 2, "block_size": 128, "walk": "rows"}),
@@ -26,6 +26,10 @@ CONFIGS = [  # (dtype, params): both walks, every unit width, single elements, t
     ("float32", {"vector_width": 4, "elements_per_thread": 8, "block_size": 128, "walk": "rows"}),
     ("float32", {"vector_width": 1, "elements_per_thread": 32, "block_size": 128, "walk": "rows"}),
     ("float16", {"vector_width": 1, "elements_per_thread": 8, "block_size": 128, "walk": "elements"}),
+    ("float16", {"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "shift"}),
+    ("float16", {"vector_width": 8, "elements_per_thread": 8, "block_size": 128, "walk": "shift"}),
+    ("float32", {"vector_width": 4, "elements_per_thread": 8, "block_size": 128, "walk": "shift"}),
+    ("float16", {"vector_width": 2, "elements_per_thread": 4, "block_size": 128, "walk": "shift"}),  # pruned, yet exact
 ]
 # (k, rows, cols): odd widths, more inputs than a launch takes, a wide and a narrow one.
 SHAPES = [(1, 1, 1), (3, 7, 33), (9, 67, 301), (17, 40, 33), (3, 5, 4099), (4, 300, 7)]
@@ -46,6 +50,11 @@ struct Dim3 {
     unsigned x = 0, y = 0, z = 0;
 };
 static Dim3 threadIdx, blockIdx, blockDim, gridDim;
+// The CUDA intrinsic: the 64 bits hi:lo shifted right by shift & 31, the low 32 bits.
+inline unsigned int __funnelshift_r(unsigned int lo, unsigned int hi, unsigned int shift)
+{
+    return (unsigned int)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
+}
 """
 
 DRIVER = r"""
