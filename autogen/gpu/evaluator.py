@@ -115,7 +115,9 @@ class Evaluator:
                           "worker_context": round(time.monotonic() - imported, 3)}
         self.family = get_family(spec.family)
         self.problem = self.family.problem(spec.dtype, **dict(spec.dims))
+        queried = time.monotonic()
         self.device = device_identity()
+        self.startup_s["worker_device"] = round(time.monotonic() - queried, 3)  # the driver, runtime and NVRTC queried
         self.cold = spec.cache_mode == "cold"
         self.context_lost = False
         self._sets: list[dict] | None = None

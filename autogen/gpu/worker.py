@@ -76,10 +76,11 @@ def _worker_main(conn, spec: WorkSpec) -> None:
     # The parent may be gone by the time this worker speaks or listens (it exits without waiting
     # for a worker it started ahead of need, e.g. after its own "no GPU" error, which can come
     # before or after this worker's): then this worker ends, quietly.
+    entered_at = time.time()  # the parent subtracts its spawn time: the interpreter's start and unpickling
     bind_device(spec.device_index)
     try:
         evaluator = Evaluator(spec)
-        message = ("ok", evaluator.identity(), True)
+        message = ("ok", evaluator.identity() + (entered_at,), True)
     except Exception as exc:
         message = ("raise", f"{type(exc).__name__}: {one_line(exc)}", False)
     if not _send_to_parent(conn, message) or message[0] == "raise":
@@ -156,6 +157,8 @@ class IsolatedEvaluator:
             self._count("startup_wait", time.monotonic() - began)
             for name, seconds in (self._identity[2] if len(self._identity) > 2 else {}).items():
                 self.waited_s[name] = seconds
+            if len(self._identity) > 3:  # from the spawn to the child's first line (wall clocks of one machine)
+                self.waited_s["worker_boot"] = round(max(0.0, self._identity[3] - self._spawned_at), 3)
         return self._identity
 
     def _count(self, what: str, seconds: float) -> None:
@@ -165,6 +168,7 @@ class IsolatedEvaluator:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self._process = context.Process(target=_worker_main, args=(child_conn, self.spec), daemon=True)
+        self._spawned_at = time.time()
         with child_environment():
             self._process.start()
         child_conn.close()

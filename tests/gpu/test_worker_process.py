@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -123,8 +124,29 @@ def test_a_worker_whose_parent_left_mid_request_ends_quietly(monkeypatch):
             return worker.StagesSpent()
 
     conn = LeavesAfterAsking()
+    before = time.time()
     assert worker._worker_main(conn, _spec()) is None
-    assert conn.sent == [("ok", ("device", 0, {}), True)]
+    [(status, (device, free, startup, entered_at), usable)] = conn.sent
+    assert (status, device, free, startup, usable) == ("ok", "device", 0, {}, True)
+    assert before <= entered_at <= time.time()  # when the child began: the parent times its boot from it
+
+
+def test_the_parent_counts_the_workers_boot_imports_and_context():
+    class Answers:  # the parent's end of the pipe: the child's first message, already sent
+        def poll(self, timeout=None):
+            return True
+
+        def recv(self):
+            return ("ok", ("device", 123, {"worker_imports": 1.5, "worker_context": 0.5, "worker_device": 0.1},
+                           1000.75), True)
+
+    evaluator = worker_with(types.SimpleNamespace(is_alive=lambda: True))
+    evaluator._conn, evaluator._identity, evaluator._spawned_at = Answers(), None, 1000.0
+    evaluator.waited_s, evaluator.restarts = {}, 0
+    assert evaluator.free_bytes == 123
+    assert {k: evaluator.waited_s[k] for k in ("worker_boot", "worker_imports", "worker_context", "worker_device")} \
+        == {"worker_boot": 0.75, "worker_imports": 1.5, "worker_context": 0.5, "worker_device": 0.1}
+    assert "startup_wait" in evaluator.waited_s
 
 
 def test_a_tune_without_a_gpu_stops_its_prestarted_worker(monkeypatch, capsys):
