@@ -82,6 +82,18 @@ class Budget:
         share = max(self.at_least_s, left * weights_left[0] / sum(weights_left) - self.fixed_s)
         return share if self.timeout_s is None else min(self.timeout_s, share)
 
+    def shortfall(self, problems: int) -> str | None:
+        """Why total_s is too small for `problems` searches, or None: each search gets at least
+        at_least_s whatever is left, so the run then overruns total_s by that much."""
+        if self.total_s is None:
+            return None
+        needed = problems * (self.fixed_s + self.at_least_s) + self.reserve_s
+        if self.total_s >= needed:
+            return None
+        return (f"a budget of {self.total_s:g} s is short for {problems} problems: each needs about "
+                f"{self.fixed_s + self.at_least_s:g} s at least ({needed:g} s in all, with {self.reserve_s:g} s kept "
+                f"for after them); the run will take longer than its budget")
+
 
 def tune_each(problems: list, options: dict | Callable[[object], dict], budget: Budget = Budget(),
               weights: Iterable[float] | None = None, started: float | None = None) -> Iterator[tuple]:
@@ -94,6 +106,9 @@ def tune_each(problems: list, options: dict | Callable[[object], dict], budget: 
 
     started = time.monotonic() if started is None else started
     weights = list(weights) if weights is not None else [1.0] * len(problems)
+    short = budget.shortfall(len(problems))
+    if short:
+        print(f"warning: {short}", file=sys.stderr, flush=True)
     for index, problem in enumerate(problems):
         kwargs = dict(options(problem) if callable(options) else options)
         limit = budget.search_s(time.monotonic() - started, weights[index:])

@@ -51,6 +51,16 @@ def test_searches_share_the_budget_by_weight_less_the_fixed_cost():
     assert benchlib.Budget().search_s(50.0, [1.0]) is None
 
 
+def test_a_budget_too_small_for_its_problems_says_so():
+    # 20 problems at 3 + 10 s each and 40 s kept: 300 s needed, so 100 s is short (session 18's
+    # H200 scan run measured nothing for 10 of its problems); 300 s, or no budget, is not.
+    budget = benchlib.Budget(total_s=100.0, fixed_s=3.0, at_least_s=10.0, reserve_s=40.0)
+    assert "a budget of 100 s is short for 20 problems" in budget.shortfall(20)
+    assert "300 s in all" in budget.shortfall(20)
+    assert benchlib.Budget(total_s=300.0, fixed_s=3.0, at_least_s=10.0, reserve_s=40.0).shortfall(20) is None
+    assert benchlib.Budget(timeout_s=5.0).shortfall(20) is None
+
+
 def test_interleaved_medians_alternate_the_order_and_give_median_and_spread():
     order = []
 
