@@ -20,7 +20,7 @@ if ! python3 -c 'import psycopg' 2>/dev/null && ls .pg/wheels/*.whl >/dev/null 2
 fi
 export PYTHONPATH=$PWD:$site:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
-python3 -m compileall -q -j 0 autogen tuning_db >/dev/null 2>&1
+scripts/bytecode.sh  # as a pip install leaves the packages: with bytecode, so a cold start is a user's
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$work/gpu.txt" 2>&1
 status=0
 step() {  # step NAME TIMEOUT_S COMMAND...: its output in $work/NAME.log

@@ -20,8 +20,8 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 # Byte-compiled as a pip install leaves it: process wall times (the speed stage) then measure
-# autogen, not the compiling of its modules on every start.
-python3 -m compileall -q -j 0 autogen tuning_db >/dev/null 2>&1
+# autogen, not the compiling of its modules (and CuPy's, NumPy's...) on every start.
+scripts/bytecode.sh
 # Kept out of OUT_DIR: only a few files come back from the device machine.
 export AUTOGEN_CACHE_DIR=${AUTOGEN_CACHE_DIR:-/tmp/autogen-kernel-cache}
 
