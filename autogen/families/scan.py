@@ -83,6 +83,12 @@ def _raking_fits(p) -> str | None:
     return None
 
 
+def _blocks_fit_an_sm(p) -> str | None:
+    if p["block_size"] * p["min_blocks"] > MAX_THREADS_PER_SM:
+        return f"min_blocks={p['min_blocks']} blocks of {p['block_size']} threads exceed an SM's {MAX_THREADS_PER_SM}"
+    return None
+
+
 SPACE = Space(
     params=(
         Param("mode", ("lookback", "reduce_scan"), "m",
@@ -93,8 +99,11 @@ SPACE = Space(
         Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
         Param("items_per_thread", (4, 8, 16, 32), "ipt", "elements each thread scans per tile"),
         Param("vector_width", (1, 2, 4, 8), "vw", "consecutive elements a thread loads and stores per row (in 16-byte accesses at most)"),
+        Param("min_blocks", (1, 2, 3, 4), "mb",
+              "blocks an SM must hold at once (__launch_bounds__' second number): caps the registers "
+              "per thread, so more tiles are in flight", added_with_default=1),
     ),
-    constraints=(_items_fit_registers, _whole_vectors, _raking_fits),
+    constraints=(_items_fit_registers, _whole_vectors, _raking_fits, _blocks_fit_an_sm),
 )
 
 
@@ -139,10 +148,14 @@ class Scan(Family):
         return None
 
     def seed_configs(self, problem: Problem) -> list[Config]:
-        """The default, then 16-byte loads for 2-byte x, then 8192-element tiles (fewer look-backs)."""
+        """The default, then 16-byte loads (8 elements for 2-byte x), then 8192-element tiles (fewer
+        look-backs), then those held to 4 blocks an SM (int32's tile took 67 registers, 3 blocks
+        of 256, where fp32's took 60: 4 blocks)."""
         default = self.default_config(problem).as_dict()
-        seeds = [default, {**default, "vector_width": 8}, {**default, "items_per_thread": 32},
-                 {**default, "items_per_thread": 32, "vector_width": 8}]
+        wide = 16 // DTYPES[problem.dtype].itemsize
+        seeds = [default, {**default, "vector_width": wide}, {**default, "items_per_thread": 32},
+                 {**default, "items_per_thread": 32, "vector_width": wide},
+                 {**default, "items_per_thread": 32, "min_blocks": 4}]
         return fitting_seeds(self, problem, seeds)
 
     # --- geometry -------------------------------------------------------------------------
