@@ -49,9 +49,6 @@ def schedule_has_steps(p) -> str | None:
     # Neither wins everywhere, so the search chooses per shape (docs/families/hgemv.md, load_schedule).
     if p["load_schedule"] == "step" and (p["unroll"] == 1 or p["x_path"] == "mma"):
         return "load_schedule=step needs unroll >= 2 and x_path ldg or smem"
-    # early moves A's requests ahead of x's staging in shared memory; the other paths stage none.
-    if p["load_schedule"] == "early" and p["x_path"] != "smem":
-        return "load_schedule=early needs x_path=smem (A requested before x is staged)"
     return None
 
 

@@ -58,9 +58,8 @@ SPACE = Space(
         Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
         Param("batch_tile", (1, 2, 4, 8), "bt",
               "vectors per launch: each loaded weight feeds batch_tile dot products from registers"),
-        Param("load_schedule", ("chunk", "step", "early"), "ls",
-              "A's packs requested a chunk at a time, each unrolled step's just before it, or "
-              "(x_path=smem) the chunk's before its x is staged",
+        Param("load_schedule", ("chunk", "step"), "ls",
+              "A's packs requested a chunk at a time, or each unrolled step's just before it",
               added_with_default="chunk"),
         Param("tail", ("checked", "peeled"), "tail",
               "every chunk tests its packs, or an aligned problem's whole chunks run untested",

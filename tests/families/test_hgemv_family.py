@@ -38,11 +38,8 @@ def test_space_size_and_every_issue_parameter():
     # with tail=peeled; the 160 tensor-core ones of one row group per block also split over 2, 4
     # and 8 blocks (split_k); the 880 tensor-core ones again with A double-buffered (a_buffers=2);
     # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
-    # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks); the
-    # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688
-    early = [c for c in CONFIGS if c["load_schedule"] == "early"]
-    assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
+    # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head
     assert all(c["x_path"] != "ldg" for c in CONFIGS if c["row_align"] == "peeled")
     assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
@@ -89,27 +86,6 @@ def test_procedural_name_spells_every_parameter():
 def test_step_by_step_loads_need_several_steps_of_the_cuda_core_loop(params):
     with pytest.raises(InvalidConfigError, match="load_schedule=step needs unroll >= 2"):
         config(load_schedule="step", **params)
-
-
-@pytest.mark.parametrize("x_path", ["ldg", "mma"])
-def test_early_loads_need_x_staged_in_shared_memory(x_path):
-    with pytest.raises(InvalidConfigError, match="load_schedule=early needs x_path=smem"):
-        config(load_schedule="early", x_path=x_path, threads_per_row=256, warps_per_block=8)
-
-
-@pytest.mark.parametrize("row_align", ["scalar", "peeled"])
-def test_early_requests_the_chunks_weights_before_staging_its_x(row_align):
-    def chunk_loop(source):  # the column loop: from its head to the end of the kernel
-        return source[re.search(r"for \(long long c0 = 0; c0 < n", source).start():]
-    params = dict(x_path="smem", threads_per_row=128, rows_per_group=2, row_align=row_align)
-    for pdl in (False, True):
-        chunk = chunk_loop(render(FAMILY, "float16", config(**params), pdl=pdl))
-        early = chunk_loop(render(FAMILY, "float16", config(load_schedule="early", **params), pdl=pdl))
-        staged = "__syncthreads();  // the previous tile is no longer being read"
-        assert chunk.index(staged) < chunk.index("load_weights4(A") < chunk.index("fmaf(a, xf")
-        assert early.index("load_weights4(A") < early.index(staged)
-        assert early.count("load_weights4(A") == chunk.count("load_weights4(A")
-    assert "_lsearly" in FAMILY.kernel_name("float16", config(load_schedule="early", **params))
 
 
 def test_step_by_step_requests_each_steps_packs_inside_its_step():
@@ -755,8 +731,6 @@ PDL_CONFIGS = [config(), config(x_path="smem", batch_tile=4, unroll=1),
                config(x_path="mma", threads_per_row=128, batch_tile=1, unroll=2),
                config(x_path="mma", threads_per_row=256, warps_per_block=8, batch_tile=8, row_align="peeled"),
                config(x_path="smem", threads_per_row=128, rows_per_group=2, load_schedule="step", row_align="peeled"),
-               config(x_path="smem", threads_per_row=128, rows_per_group=2, load_schedule="early", row_align="peeled"),
-               config(x_path="smem", threads_per_row=32, unroll=4, load_schedule="early"),
                config(x_path="mma", threads_per_row=256, warps_per_block=8, batch_tile=4, unroll=2, row_align="peeled",
                       split_k=4),
                config(x_path="mma", threads_per_row=128, warps_per_block=4, batch_tile=8, rows_per_group=2, unroll=2,
