@@ -52,6 +52,12 @@ def variants(family, bases: list[dict], varied: list[tuple[str, list[str]]]) -> 
     return configs
 
 
+def named_variants(family, problem, configs) -> dict:
+    """{kernel name: config}, named with the problem's traits (scan's accumulator type, ...) as the
+    tuner names them."""
+    return {family.kernel_name(problem.dtype, c, problem.traits): c for c in configs}
+
+
 def ab_problem(family, problem, configs, rounds: int, probe=None) -> dict:
     """Validate, then re-time every config interleaved, and time the peer, for one problem; with
     `probe` (evaluator -> dict), its figures timed on the same input sets join the row."""
@@ -62,7 +68,7 @@ def ab_problem(family, problem, configs, rounds: int, probe=None) -> dict:
     from autogen.gpu.evaluator import Evaluator, WorkSpec
 
     evaluator = Evaluator(WorkSpec.of(problem))
-    names = {family.kernel_name(problem.dtype, c): c for c in configs}
+    names = named_variants(family, problem, configs)
     sources = {name: render(family, problem.dtype, c, traits=problem.traits) for name, c in names.items()}
     cubins = compile_many(sources, device_identity().arch)
     row = {"problem": str(problem), "failed": {}, "medians_us": {}, "spreads_us": {}}

@@ -1,12 +1,13 @@
 """hgemv on rows that do not start on a 16-byte boundary (n % 8 != 0) and on batches up to 8
-(issue 33 point 3). Per problem, in one process and on the same cold input sets: the forms the
-search had before a_buffers and min_blocks ("prev": row_align=peeled tensor-core and shared-memory
-configs, their split_k forms where the family's reject_reason lets the search time them, and on
-aligned rows the row_align=scalar ones), the same tensor-core configs with A double-buffered in
-registers ("ab2", a_buffers=2), with a register bound for 2 or 3 blocks per SM ("mb", min_blocks),
-and both ("ab2mb"); torch (cuBLAS); and a plain read of A's bytes with no arithmetic (the best of
-a few grids: what a kernel that only read its weights would take, "read"). Each kernel is
-validated on fresh inputs, then all re-timed interleaved (scripts/ab_variants.py's harness).
+(issue 33 point 3). Per problem, in one process and on the same cold input sets: the tensor-core
+forms (the configs that won or came second in earlier runs, unsplit and split over a cluster of 2,
+unbounded and register-bounded for 2 or 3 blocks per SM, where the family's reject_reason lets the
+search time them), each reading its rows' heads after the column loop as before ("off") and with
+those heads requested into L2 first ("l2", head_prefetch=l2); torch (cuBLAS); and a plain read of
+A's bytes with no arithmetic (the best of a few grids: what a kernel that only read its weights
+would take, "read"). Each kernel is validated on fresh inputs, then all re-timed interleaved
+(scripts/ab_variants.py's harness). The x_path=smem forms are left out: they lost to the
+tensor-core ones on every problem of this harness (docs/history/families.md).
 
   python3 scripts/bench_hgemv_odd.py --out DIR [--budget 300] [--dtypes float16,bfloat16]
       [--shapes 3000x4099,1000x4103] [--batches 1,3,8]
@@ -36,35 +37,28 @@ BATCHES = [1, 2, 3, 4, 8]
 EXTRA = [("bfloat16", 5120, 5120, 8), ("bfloat16", 1000, 4103, 1), ("bfloat16", 1000, 4103, 8)]
 
 # The tensor-core configs (each one row group per block, so each also split): those that won or
-# came second on some problem of the previous run of this harness (docs/history/families.md). The
-# read-only-path and shared-memory forms of one vector, and tpr128 wpb8, won none there.
+# came second on some problem of earlier runs of this harness (docs/history/families.md).
 TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, unroll=4),
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, unroll=2),
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=2, unroll=2),
                 dict(threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2)]
-
-
-SPLITS = (2, 4, 8)
-SIDES = ("prev", "ab2", "mb", "ab2mb")
-# The new forms of each tensor-core config: (side, a_buffers, min_blocks, split_k choices).
-NEW_FORMS = (("ab2", 2, 1, (1, 2)), ("mb", 1, 2, (1,)), ("mb", 1, 3, (1,)), ("ab2mb", 2, 2, (1,)))
+SIDES = ("off", "l2")
 
 
 def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
-    """(side, params) for one batch: the tensor-core forms the search had (rows peeled where
-    n % 8 != 0, both ways on aligned rows; also split over 2, 4 and 8 blocks), then the new forms
-    of each (NEW_FORMS)."""
+    """(side, params) for one batch: rows peeled (the head read apart; on aligned rows also the
+    row_align=scalar forms, on the "off" side), each form with and without head_prefetch."""
     from autogen.families.hgemv import batch_tile_for
 
     tile = batch_tile_for(batch)
-    row_aligns = ("peeled",) if n % 8 else ("scalar", "peeled")
     rows = []
     for mma in TENSOR_CORES:
-        for row_align in row_aligns:
-            base = dict(mma, x_path="mma", pack_width=8, batch_tile=tile, row_align=row_align)
-            rows += [("prev", dict(base, split_k=split)) for split in (1, *SPLITS)]
-            rows += [(side, dict(base, a_buffers=buffers, min_blocks=blocks, split_k=split))
-                     for side, buffers, blocks, splits in NEW_FORMS for split in splits]
+        for split in (1, 2):
+            for blocks in (1, 2, 3):
+                base = dict(mma, x_path="mma", pack_width=8, batch_tile=tile, split_k=split, min_blocks=blocks)
+                rows += [(side, dict(base, row_align="peeled", head_prefetch=side)) for side in SIDES]
+                if n % 8 == 0:
+                    rows.append(("off", dict(base, row_align="scalar")))
     return rows
 
 
@@ -215,7 +209,7 @@ def main() -> int:
     gpu = rows[0]["gpu"] if rows else None
     write_results(args.out, "hgemv_odd", gpu, {"wall_s": round(time.monotonic() - started, 1), "problems": rows})
     print(f"\nhgemv, n % 8 != 0, on {gpu}, cold, kernel and torch in the same process")
-    sides = ("prev", "best", "read")
+    sides = ("off", "l2", "best", "read")
     print(table(("problem", "torch us", *(f"{side} {what}" for side in sides for what in ("us", "x", "%fl")),
                  "best % read", "best kernel"),
                 ((r["problem"], num(r["peer_us"], ".2f"),

@@ -43,3 +43,13 @@ def test_dims_are_parsed_as_integers_and_traits_as_words():
     ab = _script()
     assert ab.parse_dims("m=4096, n=11008,batch=1") == {"m": 4096, "n": 11008, "batch": 1}
     assert ab.parse_dims("n=1024,approximate=tanh") == {"n": 1024, "approximate": "tanh"}
+
+
+def test_variants_are_named_with_the_problems_traits():
+    # scan's accumulator type is a trait of the problem that changes the code: without it the
+    # kernel cannot be named (the first scan A/B on a GPU stopped there).
+    ab, scan = _script(), get_family("scan")
+    problem = scan.problem("int32", n=1 << 24)
+    configs = ab.variants(scan, [{}], [("min_blocks", ["1", "4"])])
+    names = ab.named_variants(scan, problem, configs)
+    assert len(names) == 2 and all(name == scan.kernel_name("int32", c, problem.traits) for name, c in names.items())
