@@ -1,13 +1,12 @@
 """hgemv on rows that do not start on a 16-byte boundary (n % 8 != 0) and on batches up to 8
 (issue 33 point 3). Per problem, in one process and on the same cold input sets: the tensor-core
-forms (the configs that won or came second in earlier runs, unsplit and split over a cluster of 2,
-unbounded and register-bounded for 2 or 3 blocks per SM, where the family's reject_reason lets the
-search time them), each reading its rows' heads after the column loop as before ("off") and with
-those heads requested into L2 first ("l2", head_prefetch=l2); torch (cuBLAS); and a plain read of
-A's bytes with no arithmetic (the best of a few grids: what a kernel that only read its weights
-would take, "read"). Each kernel is validated on fresh inputs, then all re-timed interleaved
-(scripts/ab_variants.py's harness). The x_path=smem forms are left out: they lost to the
-tensor-core ones on every problem of this harness (docs/history/families.md).
+forms (the configs that won or came second in earlier runs, each unsplit and split over a cluster of
+2, each unbounded and register-bounded for 2 or 3 blocks per SM, where the space and the family's
+reject_reason let the search time them; rows peeled, and on aligned rows also read whole, "scalar");
+torch (cuBLAS); and a plain read of A's bytes with no arithmetic (the best of a few grids: what a
+kernel that only read its weights would take, "read"). Each kernel is validated on fresh inputs,
+then all re-timed interleaved (scripts/ab_variants.py's harness). The x_path=smem forms are left
+out: they lost to the tensor-core ones on every problem of this harness (docs/history/families.md).
 
   python3 scripts/bench_hgemv_odd.py --out DIR [--budget 300] [--dtypes float16,bfloat16]
       [--shapes 3000x4099,1000x4103] [--batches 1,3,8]
@@ -42,24 +41,19 @@ TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, u
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, unroll=2),
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=2, unroll=2),
                 dict(threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2)]
-SIDES = ("off", "l2")
+SIDES = ("peeled", "scalar")
 
 
 def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
-    """(side, params) for one batch: rows peeled (the head read apart; on aligned rows also the
-    row_align=scalar forms, on the "off" side), each form with and without head_prefetch."""
+    """(side, params) for one batch: each tensor-core config unsplit and split over 2 blocks, with
+    no register bound and bounded for 2 and 3 blocks per SM; rows peeled (both ways on aligned rows)."""
     from autogen.families.hgemv import batch_tile_for
 
     tile = batch_tile_for(batch)
-    rows = []
-    for mma in TENSOR_CORES:
-        for split in (1, 2):
-            for blocks in (1, 2, 3):
-                base = dict(mma, x_path="mma", pack_width=8, batch_tile=tile, split_k=split, min_blocks=blocks)
-                rows += [(side, dict(base, row_align="peeled", head_prefetch=side)) for side in SIDES]
-                if n % 8 == 0:
-                    rows.append(("off", dict(base, row_align="scalar")))
-    return rows
+    row_aligns = ("peeled",) if n % 8 else SIDES
+    return [(row_align, dict(mma, x_path="mma", pack_width=8, batch_tile=tile, split_k=split, min_blocks=blocks,
+                             row_align=row_align))
+            for mma in TENSOR_CORES for split in (1, 2) for blocks in (1, 2, 3) for row_align in row_aligns]
 
 
 # A plain read of A's bytes, 16 bytes a load, UNROLL loads in flight per thread, each block a
@@ -209,7 +203,7 @@ def main() -> int:
     gpu = rows[0]["gpu"] if rows else None
     write_results(args.out, "hgemv_odd", gpu, {"wall_s": round(time.monotonic() - started, 1), "problems": rows})
     print(f"\nhgemv, n % 8 != 0, on {gpu}, cold, kernel and torch in the same process")
-    sides = ("off", "l2", "best", "read")
+    sides = ("peeled", "best", "read")
     print(table(("problem", "torch us", *(f"{side} {what}" for side in sides for what in ("us", "x", "%fl")),
                  "best % read", "best kernel"),
                 ((r["problem"], num(r["peer_us"], ".2f"),

@@ -68,13 +68,6 @@ def peeled_rows_stage_x(p) -> str | None:
     return None
 
 
-def prefetch_has_heads(p) -> str | None:
-    # Only row_align=peeled reads a head (the columns before each row's first pack boundary) apart.
-    if p["head_prefetch"] != "off" and p["row_align"] != "peeled":
-        return "head_prefetch needs row_align=peeled (the only form with a head read apart)"
-    return None
-
-
 def split_on_tensor_cores(p) -> str | None:
     # The split combines the cluster's partial sums of mma tiles (4 accumulators a lane), for
     # blocks of one row group, whose tiles are few (several groups already share the columns).

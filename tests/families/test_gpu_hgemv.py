@@ -65,10 +65,6 @@ def sample_configs() -> list:
                         if (c["a_buffers"], c["min_blocks"], c["unroll"], c["row_align"], c["split_k"] > 1) == key))
     for tile in (1, 2, 4, 8):
         chosen.add(next(c for c in new if c["batch_tile"] == tile and c["a_buffers"] == 2))
-    # head_prefetch=l2: both paths that read a head (tensor cores, x in shared memory), split or not.
-    prefetching = random.Random(10).sample([c for c in configs if c["head_prefetch"] == "l2"], 300)
-    for key in {(c["x_path"], c["split_k"] > 1) for c in prefetching}:
-        chosen.add(next(c for c in prefetching if (c["x_path"], c["split_k"] > 1) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 
