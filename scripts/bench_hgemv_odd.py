@@ -5,8 +5,10 @@ forms (the configs that won or came second in earlier runs, each unsplit and spl
 reject_reason let the search time them; rows peeled, and on aligned rows also read whole, "scalar");
 torch (cuBLAS); and a plain read of A's bytes with no arithmetic (the best of a few grids: what a
 kernel that only read its weights would take, "read"). Each kernel is validated on fresh inputs,
-then all re-timed interleaved (scripts/ab_variants.py's harness). The x_path=smem forms are left
-out: they lost to the tensor-core ones on every problem of this harness (docs/history/families.md).
+then all re-timed interleaved (scripts/ab_variants.py's harness). For one vector also the
+CUDA-core forms with x in shared memory and A requested first (load_schedule=early), holding a row
+chunk of 8 or 16 packs a lane ("rows"); the other x_path=smem forms lost to the tensor-core ones on
+every problem of this harness (docs/history/families.md).
 
   python3 scripts/bench_hgemv_odd.py --out DIR [--budget 300] [--dtypes float16,bfloat16]
       [--shapes 3000x4099,1000x4103] [--batches 1,3,8]
@@ -41,19 +43,30 @@ TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, u
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, unroll=2),
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=2, unroll=2),
                 dict(threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2)]
-SIDES = ("peeled", "scalar")
+# One vector: the CUDA-core forms with x in shared memory and A requested before it is staged
+# (load_schedule=early), a row chunk of 8 or 16 packs a lane (the whole-row form), and two of 4.
+WHOLE_ROWS = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=u)
+              for tpr, wpb, u in ((32, 4, 16), (32, 8, 16), (32, 2, 16), (32, 4, 8), (32, 8, 8), (64, 4, 8),
+                                  (64, 4, 16), (16, 4, 16), (128, 4, 8), (32, 8, 4), (64, 8, 4))]
+SIDES = ("peeled", "scalar", "rows")
 
 
 def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
     """(side, params) for one batch: each tensor-core config unsplit and split over 2 blocks, with
-    no register bound and bounded for 2 and 3 blocks per SM; rows peeled (both ways on aligned rows)."""
+    no register bound and bounded for 2 and 3 blocks per SM, rows peeled (both ways on aligned rows);
+    for one vector also WHOLE_ROWS ("rows")."""
     from autogen.families.hgemv import batch_tile_for
 
     tile = batch_tile_for(batch)
-    row_aligns = ("peeled",) if n % 8 else SIDES
-    return [(row_align, dict(mma, x_path="mma", pack_width=8, batch_tile=tile, split_k=split, min_blocks=blocks,
+    row_aligns = ("peeled",) if n % 8 else SIDES[:2]
+    rows = [(row_align, dict(mma, x_path="mma", pack_width=8, batch_tile=tile, split_k=split, min_blocks=blocks,
                              row_align=row_align))
             for mma in TENSOR_CORES for split in (1, 2) for blocks in (1, 2, 3) for row_align in row_aligns]
+    if batch == 1:
+        rows += [("rows", dict(cuda_core, x_path="smem", pack_width=8, rows_per_group=1, load_schedule="early",
+                               row_align="peeled"))
+                 for cuda_core in WHOLE_ROWS]
+    return rows
 
 
 # A plain read of A's bytes, 16 bytes a load, UNROLL loads in flight per thread, each block a
@@ -203,7 +216,7 @@ def main() -> int:
     gpu = rows[0]["gpu"] if rows else None
     write_results(args.out, "hgemv_odd", gpu, {"wall_s": round(time.monotonic() - started, 1), "problems": rows})
     print(f"\nhgemv, n % 8 != 0, on {gpu}, cold, kernel and torch in the same process")
-    sides = ("peeled", "best", "read")
+    sides = ("peeled", "rows", "best", "read")
     print(table(("problem", "torch us", *(f"{side} {what}" for side in sides for what in ("us", "x", "%fl")),
                  "best % read", "best kernel"),
                 ((r["problem"], num(r["peer_us"], ".2f"),

@@ -21,8 +21,8 @@ from autogen.core.space import Param, Space
 from autogen.errors import ArgumentError
 from autogen.families._gemv import (gemv_arguments, gemv_shapes, GemvFamily, overshoot_reason,
                                     reduce_only_across_warps, row_fits_block)
-from autogen.families._hgemv_constraints import (mma_shape, peeled_rows_stage_x, schedule_has_steps,
-                                               split_on_tensor_cores, tail_peels_one_vector,
+from autogen.families._hgemv_constraints import (deep_unroll_form, mma_shape, peeled_rows_stage_x,
+                                               schedule_has_steps, split_on_tensor_cores, tail_peels_one_vector,
                                                tensor_core_registers, values_fit_registers, x_tile_fits)
 from autogen.gpu.device import sm_count
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
@@ -51,15 +51,17 @@ SPACE = Space(
         Param("warps_per_block", (1, 2, 4, 8), "wpb",
               "block size in warps; rows per block = 32 * wpb / tpr * rpg"),
         Param("rows_per_group", (1, 2, 4), "rpg", "rows each thread group computes, sharing each x load"),
-        Param("unroll", (1, 2, 4), "u", "packs of A in flight per thread and row"),
+        Param("unroll", (1, 2, 4, 8, 16), "u",
+              "packs of A in flight per thread and row (8, 16: a whole row chunk in registers, x_path=smem)"),
         Param("x_path", ("ldg", "smem", "mma"), "x",
               "x through the read-only cache, staged in shared memory as fp32, or mma: tensor cores "
               "(mma.sync m16n8k16) on 16*rows_per_group rows x 8 vectors per row group"),
         Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
         Param("batch_tile", (1, 2, 4, 8), "bt",
               "vectors per launch: each loaded weight feeds batch_tile dot products from registers"),
-        Param("load_schedule", ("chunk", "step"), "ls",
-              "A's packs requested a chunk at a time, or each unrolled step's just before it",
+        Param("load_schedule", ("chunk", "step", "early"), "ls",
+              "A's packs requested a chunk at a time, each unrolled step's just before it, or "
+              "(x_path=smem) the chunk's before its x is staged",
               added_with_default="chunk"),
         Param("tail", ("checked", "peeled"), "tail",
               "every chunk tests its packs, or an aligned problem's whole chunks run untested",
@@ -79,7 +81,7 @@ SPACE = Space(
     ),
     constraints=(row_fits_block, reduce_only_across_warps, x_tile_fits, mma_shape, values_fit_registers,
                  schedule_has_steps, tail_peels_one_vector, peeled_rows_stage_x, split_on_tensor_cores,
-                 tensor_core_registers),
+                 tensor_core_registers, deep_unroll_form),
 )
 
 

@@ -38,8 +38,16 @@ def test_space_size_and_every_issue_parameter():
     # with tail=peeled; the 160 tensor-core ones of one row group per block also split over 2, 4
     # and 8 blocks (split_k); the 880 tensor-core ones again with A double-buffered (a_buffers=2);
     # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
-    # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168
+    # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks); the
+    # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early)
+    # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early), 96
+    # of those (one vector, one row a group, 16-byte packs) also with 8 or 16 packs a lane (unroll)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 96
+    early = [c for c in CONFIGS if c["load_schedule"] == "early"]
+    assert len(early) == 4688 + 96 and all(c["x_path"] == "smem" for c in early)
+    deep = [c for c in CONFIGS if c["unroll"] >= 8]
+    assert len(deep) == 96 and all(c["load_schedule"] == "early" and c["batch_tile"] == 1 and c["pack_width"] == 8
+                                   and c["rows_per_group"] == 1 for c in deep)
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head
     assert all(c["x_path"] != "ldg" for c in CONFIGS if c["row_align"] == "peeled")
     assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
@@ -61,7 +69,8 @@ def test_constraints_bound_shared_memory_and_registers():
         columns = c["threads_per_row"] * c["pack_width"] * c["unroll"]
         if c["x_path"] == "smem":
             assert 4 * columns * c["batch_tile"] <= 32 * 1024
-        assert c["rows_per_group"] * c["unroll"] * c["pack_width"] <= 32
+        # 32 weights in flight a lane, or 128 in the whole-row form (a row chunk of 16-byte packs)
+        assert c["rows_per_group"] * c["unroll"] * c["pack_width"] <= (32 if c["unroll"] < 8 else 128)
         assert c["rows_per_group"] * c["batch_tile"] <= 16 or c["x_path"] == "mma"
         assert c["threads_per_row"] <= 32 * c["warps_per_block"]
         assert c["reduce"] == "shfl" or c["threads_per_row"] > 32
@@ -86,6 +95,36 @@ def test_procedural_name_spells_every_parameter():
 def test_step_by_step_loads_need_several_steps_of_the_cuda_core_loop(params):
     with pytest.raises(InvalidConfigError, match="load_schedule=step needs unroll >= 2"):
         config(load_schedule="step", **params)
+
+
+@pytest.mark.parametrize("x_path", ["ldg", "mma"])
+def test_early_loads_need_x_staged_in_shared_memory(x_path):
+    with pytest.raises(InvalidConfigError, match="load_schedule=early needs x_path=smem"):
+        config(load_schedule="early", x_path=x_path, threads_per_row=256, warps_per_block=8)
+
+
+@pytest.mark.parametrize("params", [dict(x_path="ldg"), dict(load_schedule="chunk"), dict(batch_tile=2),
+                                    dict(rows_per_group=2), dict(pack_width=4)])
+def test_a_whole_row_chunk_in_registers_is_the_one_vector_early_form_only(params):
+    whole_row = dict(x_path="smem", load_schedule="early", unroll=16, threads_per_row=32)
+    assert config(**whole_row)["unroll"] == 16
+    with pytest.raises(InvalidConfigError, match="unroll=16 .a row chunk in registers. needs x_path=smem"):
+        config(**{**whole_row, **params})
+
+
+@pytest.mark.parametrize("row_align", ["scalar", "peeled"])
+def test_early_requests_the_chunks_weights_before_staging_its_x(row_align):
+    def chunk_loop(source):  # the column loop: from its head to the end of the kernel
+        return source[re.search(r"for \(long long c0 = 0; c0 < n", source).start():]
+    params = dict(x_path="smem", threads_per_row=128, rows_per_group=2, row_align=row_align)
+    for pdl in (False, True):
+        chunk = chunk_loop(render(FAMILY, "float16", config(**params), pdl=pdl))
+        early = chunk_loop(render(FAMILY, "float16", config(load_schedule="early", **params), pdl=pdl))
+        staged = "__syncthreads();  // the previous tile is no longer being read"
+        assert chunk.index(staged) < chunk.index("load_weights4(A") < chunk.index("fmaf(a, xf")
+        assert early.index("load_weights4(A") < early.index(staged)
+        assert early.count("load_weights4(A") == chunk.count("load_weights4(A")
+    assert "_lsearly" in FAMILY.kernel_name("float16", config(load_schedule="early", **params))
 
 
 def test_step_by_step_requests_each_steps_packs_inside_its_step():
@@ -731,6 +770,8 @@ PDL_CONFIGS = [config(), config(x_path="smem", batch_tile=4, unroll=1),
                config(x_path="mma", threads_per_row=128, batch_tile=1, unroll=2),
                config(x_path="mma", threads_per_row=256, warps_per_block=8, batch_tile=8, row_align="peeled"),
                config(x_path="smem", threads_per_row=128, rows_per_group=2, load_schedule="step", row_align="peeled"),
+               config(x_path="smem", threads_per_row=128, rows_per_group=2, load_schedule="early", row_align="peeled"),
+               config(x_path="smem", threads_per_row=32, unroll=4, load_schedule="early"),
                config(x_path="mma", threads_per_row=256, warps_per_block=8, batch_tile=4, unroll=2, row_align="peeled",
                       split_k=4),
                config(x_path="mma", threads_per_row=128, warps_per_block=4, batch_tile=8, rows_per_group=2, unroll=2,
