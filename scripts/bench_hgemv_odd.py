@@ -6,9 +6,9 @@ reject_reason let the search time them; rows peeled, and on aligned rows also re
 torch (cuBLAS); and a plain read of A's bytes with no arithmetic (the best of a few grids: what a
 kernel that only read its weights would take, "read"). Each kernel is validated on fresh inputs,
 then all re-timed interleaved (scripts/ab_variants.py's harness). For one vector also the
-CUDA-core forms with x in shared memory and A requested first (load_schedule=early), holding a row
-chunk of 8 or 16 packs a lane ("rows"); the other x_path=smem forms lost to the tensor-core ones on
-every problem of this harness (docs/history/families.md).
+CUDA-core forms with x in shared memory and A requested first (load_schedule=early, "rows"); the
+other x_path=smem forms lost to the tensor-core ones on every problem of this harness
+(docs/history/families.md).
 
   python3 scripts/bench_hgemv_odd.py --out DIR [--budget 300] [--dtypes float16,bfloat16]
       [--shapes 3000x4099,1000x4103] [--batches 1,3,8]
@@ -44,17 +44,15 @@ TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, u
                 dict(threads_per_row=256, warps_per_block=8, rows_per_group=2, unroll=2),
                 dict(threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2)]
 # One vector: the CUDA-core forms with x in shared memory and A requested before it is staged
-# (load_schedule=early), a row chunk of 8 or 16 packs a lane (the whole-row form), and two of 4.
-WHOLE_ROWS = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=u)
-              for tpr, wpb, u in ((32, 4, 16), (32, 8, 16), (32, 2, 16), (32, 4, 8), (32, 8, 8), (64, 4, 8),
-                                  (64, 4, 16), (16, 4, 16), (128, 4, 8), (32, 8, 4), (64, 8, 4))]
+# (load_schedule=early), a warp or two a row, 4 packs a lane (8 and 16 lost to these: the history).
+EARLY_ROWS = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=4) for tpr, wpb in ((32, 8), (64, 8), (32, 4))]
 SIDES = ("peeled", "scalar", "rows")
 
 
 def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
     """(side, params) for one batch: each tensor-core config unsplit and split over 2 blocks, with
     no register bound and bounded for 2 and 3 blocks per SM, rows peeled (both ways on aligned rows);
-    for one vector also WHOLE_ROWS ("rows")."""
+    for one vector also EARLY_ROWS ("rows")."""
     from autogen.families.hgemv import batch_tile_for
 
     tile = batch_tile_for(batch)
@@ -65,7 +63,7 @@ def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
     if batch == 1:
         rows += [("rows", dict(cuda_core, x_path="smem", pack_width=8, rows_per_group=1, load_schedule="early",
                                row_align="peeled"))
-                 for cuda_core in WHOLE_ROWS]
+                 for cuda_core in EARLY_ROWS]
     return rows
 
 

@@ -32,28 +32,11 @@ def mma_shape(p) -> str | None:
     return None
 
 
-# unroll from here on: the whole-row form, where a lane holds a row chunk's A in registers (up to 64
-# words, as cuBLAS's one-vector GEMV does on small matrices: 162 registers, a warp a row, H100).
-DEEP_UNROLL = 8
-
-
-def deep_unroll_form(p) -> str | None:
-    # Those registers are only free with one vector, one row per group, 16-byte packs, x from shared
-    # memory and A requested before x is staged (docs/families/hgemv.md, unroll).
-    if p["unroll"] < DEEP_UNROLL:
-        return None
-    if (p["x_path"], p["load_schedule"], p["batch_tile"], p["rows_per_group"], p["pack_width"]) != \
-            ("smem", "early", 1, 1, 8):
-        return (f"unroll={p['unroll']} (a row chunk in registers) needs x_path=smem, load_schedule=early, "
-                "batch_tile=1, rows_per_group=1 and pack_width=8")
-    return None
-
-
 def values_fit_registers(p) -> str | None:
     # Weights in flight and accumulators must leave room for a pack's x values: bounds checked
-    # with nvcc -Xptxas -v on the extreme configs (no spills); the whole-row form has its own.
+    # with nvcc -Xptxas -v on the extreme configs (no spills).
     in_flight = p["rows_per_group"] * p["unroll"] * p["pack_width"]
-    if in_flight > 32 and p["unroll"] < DEEP_UNROLL:
+    if in_flight > 32:
         return f"rows_per_group*unroll*pack_width={in_flight} weights in flight per thread exceeds 32"
     # x_path=mma keeps 4 accumulators per 16-row tile whatever the batch tile.
     if p["x_path"] != "mma" and p["rows_per_group"] * p["batch_tile"] > 16:

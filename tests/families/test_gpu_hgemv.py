@@ -69,10 +69,6 @@ def sample_configs() -> list:
     early = random.Random(10).sample([c for c in configs if c["load_schedule"] == "early"], 400)
     for key in {(c["row_align"], c["batch_tile"]) for c in early}:
         chosen.add(next(c for c in early if (c["row_align"], c["batch_tile"]) == key))
-    # A row chunk of 8 or 16 packs a lane: every unroll and row alignment, and the warp-a-row forms.
-    deep = [c for c in configs if c["unroll"] >= 8]
-    for key in {(c["unroll"], c["row_align"], c["threads_per_row"] == 32) for c in deep}:
-        chosen.add(next(c for c in deep if (c["unroll"], c["row_align"], c["threads_per_row"] == 32) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 
