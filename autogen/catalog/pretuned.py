@@ -171,14 +171,20 @@ class ShippedCatalog:
         pass
 
 
-@functools.lru_cache(maxsize=1)
 def pretuned_db() -> ShippedCatalog | None:
     """The shipped catalog (cached per process), or None when autogen ships none or
-    $AUTOGEN_NO_PRETUNED is set."""
+    $AUTOGEN_NO_PRETUNED is set. The variable is read on every call, so a "none" cached while it
+    was set is never served after it is unset."""
+    return None if os.environ.get("AUTOGEN_NO_PRETUNED") else _shipped_catalog()
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_catalog() -> ShippedCatalog | None:
     files = catalog_files()
-    if not files or os.environ.get("AUTOGEN_NO_PRETUNED"):
-        return None
-    return ShippedCatalog([w for file in files for w in load_catalog(file)])
+    return ShippedCatalog([w for file in files for w in load_catalog(file)]) if files else None
+
+
+pretuned_db.cache_clear = _shipped_catalog.cache_clear  # tests reload a changed catalog
 
 
 class WithCatalog:

@@ -75,11 +75,9 @@ def test_cupy_without_a_driver_captures_nothing():
     assert not capturing(cupy)
 
 
-def test_first_use_inside_capture_asks_for_a_warm_up(db_url, monkeypatch):
+def test_first_use_inside_capture_asks_for_a_warm_up(db_url, monkeypatch, no_catalog):
     import autogen.runtime.dispatch as dispatch
 
-    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
-    pretuned.pretuned_db.cache_clear()
     monkeypatch.setattr(dispatch, "_CUPY", fake_cupy(capturing_status=1))
     dispatcher = Dispatcher(db_url)
     monkeypatch.setattr(dispatcher, "_build", lambda *a: pytest.fail("compiled inside capture"))
@@ -94,11 +92,11 @@ def test_cupy_pool_allocation_inside_capture_is_refused():
     assert new_output(fake_cupy(0), object(), (4,), "float32").shape == (4,)
 
 
-def test_a_stale_exact_winner_is_validated_before_it_is_served(db_url, monkeypatch):
+def test_a_stale_exact_winner_is_validated_before_it_is_served(db_url, monkeypatch, no_catalog):
+    # no_catalog also clears the cached catalog after the test: a cached "none" left behind made
+    # later tests of the same worker find nothing shipped (tests/gpu/test_resources.py, CI).
     import autogen.gpu.device
 
-    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
-    pretuned.pretuned_db.cache_clear()
     store_winner(TuningDB(db_url), H100, 4096, 16)
     newer = dataclasses.replace(H100, driver_version=13010)
     dispatcher = Dispatcher(db_url)
