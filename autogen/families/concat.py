@@ -28,13 +28,6 @@ from autogen.gpu.peers import torch_cuda, torch_stream_peer
 SLOTS = 16  # inputs per launch, passed by value (as torch.cat batches its inputs)
 AXES = ("0", "1")
 
-def runs_split_by_rows(p) -> str | None:
-    # The element walk has no runs: each block copies a chunk of one input.
-    if p["runs_by"] == "warp" and p["walk"] == "elements":
-        return "runs_by=warp needs walk rows or shift (the element walk has no runs)"
-    return None
-
-
 SPACE = Space(
     params=(
         c2.vector_width_param(),
@@ -46,12 +39,8 @@ SPACE = Space(
               "sides align to, single elements at its ends); elements: a block copies a chunk of one input, "
               "each element finding its row by a division; shift: rows, with 16-byte stores built by funnel "
               "shifts where a run's source and destination do not align alike (16-byte packs only)"),
-        Param("runs_by", ("block", "warp"), "rb",
-              "rows and shift walks: the whole block copies each run of its row chunk in turn, or each run is "
-              "one warp's, the warps taking the runs in turn (many short runs: concat along axis 1 of many inputs)",
-              added_with_default="block"),
     ),
-    constraints=(c2.packs_whole, runs_split_by_rows),
+    constraints=(c2.packs_whole,),
 )
 
 
@@ -74,7 +63,7 @@ class Concat(Family):
     tail_shapes = ((1, 1, 1), (2, 3, 5), (3, 7, 33), (5, 37, 41), (9, 19, 23), (17, 40, 33), (4, 1000, 37))
     dtypes = c2.DTYPES_MOVED
     space = SPACE
-    default_params = {"vector_width": 4, "elements_per_thread": 8, "block_size": 256, "walk": "rows", "runs_by": "block"}
+    default_params = {"vector_width": 4, "elements_per_thread": 8, "block_size": 256, "walk": "rows"}
     outputs = ("y",)
     op_signature = OpSignature((TensorList("arrays"), Scalar("axis", "int", 0)),
                                (Output("out", _concat_shape, "arrays"),))
@@ -134,15 +123,13 @@ class Concat(Family):
 
     def seed_configs(self, problem: Problem) -> list[Config]:
         """Row runs in units of up to 16 bytes, two or four a thread, and in single elements; the
-        shifted row walk, by the block and with each run one warp's (runs_by=warp); then the element walk with 16-byte packs and with single elements; those
+        shifted row walk; then the element walk with 16-byte packs and with single elements; those
         pruned left out."""
         wide = c2.MAX_PACK_BYTES // DTYPES[problem.dtype].itemsize
         points = ({"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "rows"},
                   {"vector_width": wide, "elements_per_thread": 4 * wide, "block_size": 128, "walk": "rows"},
                   {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "rows"},
                   {"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "shift"},
-                  {"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 128, "walk": "shift",
-                   "runs_by": "warp"},
                   {"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "elements"},
                   {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "elements"})
         return ew.fitting_seeds(self, problem, points)

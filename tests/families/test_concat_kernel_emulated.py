@@ -30,11 +30,6 @@ CONFIGS = [  # (dtype, params): every walk, every unit width, single elements, t
     ("float16", {"vector_width": 8, "elements_per_thread": 8, "block_size": 128, "walk": "shift"}),
     ("float32", {"vector_width": 4, "elements_per_thread": 8, "block_size": 128, "walk": "shift"}),
     ("float16", {"vector_width": 2, "elements_per_thread": 4, "block_size": 128, "walk": "shift"}),  # pruned, yet exact
-    # runs_by=warp: each run one warp's, passes over runs longer than 32 x EPT elements
-    ("float16", {"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "shift", "runs_by": "warp"}),
-    ("float16", {"vector_width": 8, "elements_per_thread": 8, "block_size": 256, "walk": "rows", "runs_by": "warp"}),
-    ("float32", {"vector_width": 1, "elements_per_thread": 2, "block_size": 128, "walk": "rows", "runs_by": "warp"}),
-    ("float32", {"vector_width": 4, "elements_per_thread": 4, "block_size": 256, "walk": "shift", "runs_by": "warp"}),
 ]
 # (k, rows, cols): odd widths, more inputs than a launch takes, a wide and a narrow one.
 SHAPES = [(1, 1, 1), (3, 7, 33), (9, 67, 301), (17, 40, 33), (3, 5, 4099), (4, 300, 7)]
