@@ -46,18 +46,13 @@ TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, u
 # One vector: the CUDA-core forms with x in shared memory and A requested before it is staged
 # (load_schedule=early), a warp or two a row, 4 packs a lane (8 and 16 lost to these: the history).
 EARLY_ROWS = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=4) for tpr, wpb in ((32, 8), (64, 8), (32, 4))]
-# One vector through the read-only path, each row its own head and x packs built from aligned ones
-# (row_align=peeled with x_path=ldg), up to 16 packs a lane in flight ("shifted").
-SHIFTED_ROWS = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=u)
-                for tpr, wpb, u in ((32, 4, 16), (32, 8, 16), (32, 2, 16), (32, 4, 8), (32, 8, 8), (32, 4, 4),
-                                    (16, 8, 16), (8, 8, 16), (64, 4, 8), (64, 8, 16))]
-SIDES = ("peeled", "scalar", "rows", "shifted")
+SIDES = ("peeled", "scalar", "rows")
 
 
 def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
     """(side, params) for one batch: each tensor-core config unsplit and split over 2 blocks, with
     no register bound and bounded for 2 and 3 blocks per SM, rows peeled (both ways on aligned rows);
-    for one vector also EARLY_ROWS ("rows") and SHIFTED_ROWS ("shifted")."""
+    for one vector also EARLY_ROWS ("rows")."""
     from autogen.families.hgemv import batch_tile_for
 
     tile = batch_tile_for(batch)
@@ -69,8 +64,6 @@ def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
         rows += [("rows", dict(cuda_core, x_path="smem", pack_width=8, rows_per_group=1, load_schedule="early",
                                row_align="peeled"))
                  for cuda_core in EARLY_ROWS]
-        rows += [("shifted", dict(cuda_core, x_path="ldg", pack_width=8, rows_per_group=1, row_align="peeled"))
-                 for cuda_core in SHIFTED_ROWS]
     return rows
 
 
@@ -221,7 +214,7 @@ def main() -> int:
     gpu = rows[0]["gpu"] if rows else None
     write_results(args.out, "hgemv_odd", gpu, {"wall_s": round(time.monotonic() - started, 1), "problems": rows})
     print(f"\nhgemv, n % 8 != 0, on {gpu}, cold, kernel and torch in the same process")
-    sides = ("peeled", "rows", "shifted", "best", "read")
+    sides = ("peeled", "rows", "best", "read")
     print(table(("problem", "torch us", *(f"{side} {what}" for side in sides for what in ("us", "x", "%fl")),
                  "best % read", "best kernel"),
                 ((r["problem"], num(r["peer_us"], ".2f"),

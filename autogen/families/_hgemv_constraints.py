@@ -36,7 +36,7 @@ def values_fit_registers(p) -> str | None:
     # Weights in flight and accumulators must leave room for a pack's x values: bounds checked
     # with nvcc -Xptxas -v on the extreme configs (no spills).
     in_flight = p["rows_per_group"] * p["unroll"] * p["pack_width"]
-    if in_flight > 32 and p["unroll"] < DEEP_UNROLL:
+    if in_flight > 32:
         return f"rows_per_group*unroll*pack_width={in_flight} weights in flight per thread exceeds 32"
     # x_path=mma keeps 4 accumulators per 16-row tile whatever the batch tile.
     if p["x_path"] != "mma" and p["rows_per_group"] * p["batch_tile"] > 16:
@@ -65,25 +65,9 @@ def tail_peels_one_vector(p) -> str | None:
 
 def peeled_rows_stage_x(p) -> str | None:
     # row_align=peeled shifts x by the block's head as it stages it in shared memory (x_path=smem,
-    # and mma's B tile); through the read-only path each row builds its misaligned x packs from two
-    # aligned ones (the template's X_SHIFTED), for one vector and one row a group, 16-byte packs.
-    if p["row_align"] == "peeled" and p["x_path"] == "ldg" and \
-            (p["batch_tile"], p["rows_per_group"], p["pack_width"], p["tail"], p["load_schedule"]) != \
-            (1, 1, 8, "checked", "chunk"):
-        return ("row_align=peeled through x_path=ldg needs batch_tile=1, rows_per_group=1, pack_width=8, "
-                "tail=checked and load_schedule=chunk (x packs built per row)")
-    return None
-
-
-# unroll from here on: a row's share of A in flight a lane (up to 64 words), as cuBLAS's one-vector
-# GEMV holds it on small matrices (162 registers, a warp a row: docs/families/hgemv.md).
-DEEP_UNROLL = 8
-
-
-def deep_unroll_reads_x_directly(p) -> str | None:
-    # Only the read-only path with rows peeled has those registers free of x staging and batches.
-    if p["unroll"] >= DEEP_UNROLL and (p["x_path"], p["row_align"]) != ("ldg", "peeled"):
-        return f"unroll={p['unroll']} needs x_path=ldg and row_align=peeled (one vector, a row a group)"
+    # and mma's B tile); through the read-only path each x pack would be misaligned instead.
+    if p["row_align"] == "peeled" and p["x_path"] == "ldg":
+        return "row_align=peeled needs x_path smem or mma (x staged from the rows' first pack boundary)"
     return None
 
 

@@ -21,8 +21,8 @@ from autogen.core.space import Param, Space
 from autogen.errors import ArgumentError
 from autogen.families._gemv import (gemv_arguments, gemv_shapes, GemvFamily, overshoot_reason,
                                     reduce_only_across_warps, row_fits_block)
-from autogen.families._hgemv_constraints import (deep_unroll_reads_x_directly, mma_shape, peeled_rows_stage_x,
-                                               schedule_has_steps, split_on_tensor_cores, tail_peels_one_vector,
+from autogen.families._hgemv_constraints import (mma_shape, peeled_rows_stage_x, schedule_has_steps,
+                                               split_on_tensor_cores, tail_peels_one_vector,
                                                tensor_core_registers, values_fit_registers, x_tile_fits)
 from autogen.gpu.device import sm_count
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
@@ -51,8 +51,7 @@ SPACE = Space(
         Param("warps_per_block", (1, 2, 4, 8), "wpb",
               "block size in warps; rows per block = 32 * wpb / tpr * rpg"),
         Param("rows_per_group", (1, 2, 4), "rpg", "rows each thread group computes, sharing each x load"),
-        Param("unroll", (1, 2, 4, 8, 16), "u",
-              "packs of A in flight per thread and row (8, 16: x_path=ldg with row_align=peeled only)"),
+        Param("unroll", (1, 2, 4), "u", "packs of A in flight per thread and row"),
         Param("x_path", ("ldg", "smem", "mma"), "x",
               "x through the read-only cache, staged in shared memory as fp32, or mma: tensor cores "
               "(mma.sync m16n8k16) on 16*rows_per_group rows x 8 vectors per row group"),
@@ -81,7 +80,7 @@ SPACE = Space(
     ),
     constraints=(row_fits_block, reduce_only_across_warps, x_tile_fits, mma_shape, values_fit_registers,
                  schedule_has_steps, tail_peels_one_vector, peeled_rows_stage_x, split_on_tensor_cores,
-                 tensor_core_registers, deep_unroll_reads_x_directly),
+                 tensor_core_registers),
 )
 
 
@@ -117,7 +116,7 @@ def alignment_period(problem: Problem, config: Config) -> int:
     """Blocks per window of rows: with row_align=peeled on rows of n % pack != 0 columns, each of a
     window's `pack` blocks takes the rows of one offset from a pack boundary (the template's
     by_class); otherwise 1."""
-    if config["row_align"] != "peeled" or config["x_path"] == "ldg":  # ldg: each row reads its own head
+    if config["row_align"] != "peeled":
         return 1
     pack = 8 if config["x_path"] == "mma" else config["pack_width"]
     return pack if problem["n"] % pack else 1

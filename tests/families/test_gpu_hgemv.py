@@ -69,11 +69,6 @@ def sample_configs() -> list:
     early = random.Random(10).sample([c for c in configs if c["load_schedule"] == "early"], 400)
     for key in {(c["row_align"], c["batch_tile"]) for c in early}:
         chosen.add(next(c for c in early if (c["row_align"], c["batch_tile"]) == key))
-    # One vector through the read-only path with rows peeled (x packs built from aligned ones): every
-    # unroll, a row a warp and several rows a warp (each with its own head).
-    shifted = [c for c in configs if c["x_path"] == "ldg" and c["row_align"] == "peeled"]
-    for key in {(c["unroll"], c["threads_per_row"] < 32) for c in shifted}:
-        chosen.add(next(c for c in shifted if (c["unroll"], c["threads_per_row"] < 32) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 

@@ -40,18 +40,12 @@ def test_space_size_and_every_issue_parameter():
     # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
     # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks); the
     # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early)
-    # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early); 140
-    # of one vector through x_path=ldg with rows peeled (x packs built per row), 56 each at unroll 8, 16
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 140
-    shifted = [c for c in CONFIGS if c["x_path"] == "ldg" and c["row_align"] == "peeled"]
-    assert len(shifted) == 140 and all((c["batch_tile"], c["rows_per_group"], c["pack_width"]) == (1, 1, 8)
-                                       for c in shifted)
-    assert all(c in shifted for c in CONFIGS if c["unroll"] >= 8)
+    # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688
     early = [c for c in CONFIGS if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
-    # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head (and the
-    # one-vector read-only ones above)
-    assert all(c["x_path"] != "ldg" or c in shifted for c in CONFIGS if c["row_align"] == "peeled")
+    # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head
+    assert all(c["x_path"] != "ldg" for c in CONFIGS if c["row_align"] == "peeled")
     assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
     assert all(c["x_path"] == "mma" and c["threads_per_row"] == 32 * c["warps_per_block"]
                for c in CONFIGS if c["split_k"] > 1)
@@ -71,8 +65,7 @@ def test_constraints_bound_shared_memory_and_registers():
         columns = c["threads_per_row"] * c["pack_width"] * c["unroll"]
         if c["x_path"] == "smem":
             assert 4 * columns * c["batch_tile"] <= 32 * 1024
-        # 32 weights in flight a lane; 128 where a lane reads x itself (ldg, rows peeled: unroll 8, 16)
-        assert c["rows_per_group"] * c["unroll"] * c["pack_width"] <= (32 if c["unroll"] < 8 else 128)
+        assert c["rows_per_group"] * c["unroll"] * c["pack_width"] <= 32
         assert c["rows_per_group"] * c["batch_tile"] <= 16 or c["x_path"] == "mma"
         assert c["threads_per_row"] <= 32 * c["warps_per_block"]
         assert c["reduce"] == "shfl" or c["threads_per_row"] > 32
@@ -948,46 +941,8 @@ def test_peeled_rows_render_the_same_mapping_and_host_grid():
         assert fragment in source, fragment
     assert FAMILY.launch(FAMILY.problem(m=3000, n=4099), c).grid == (192, 1, 1)  # 24 windows of 8 blocks
     assert FAMILY.launch(FAMILY.problem(m=3000, n=4096), c).grid == (188, 1, 1)
-    # through the read-only path only for one vector, a row a group, 16-byte packs
-    with pytest.raises(InvalidConfigError, match="row_align=peeled through x_path=ldg needs batch_tile=1"):
-        config(row_align="peeled", batch_tile=2)
-
-
-def test_peeled_rows_through_the_read_only_path_take_no_windows_and_shift_x():
-    # Each row reads its own head and builds x's misaligned packs from two aligned ones: no window
-    # of blocks per row offset (grid and host launcher alike), no x staged in shared memory.
-    c = config(row_align="peeled", threads_per_row=32, warps_per_block=4, unroll=16)
-    source = render(FAMILY, "float16", c, host_launcher=True)
-    assert "const bool by_class = false;" in source and "shifted_pack(lo, hi, head, xw);" in source
-    assert "x_tile" not in source and "period" not in source
-    assert FAMILY.launch(FAMILY.problem(m=1000, n=4103), c).grid == (250, 1, 1)  # 4 rows a block, no windows
-    with pytest.raises(InvalidConfigError, match="unroll=16 needs x_path=ldg and row_align=peeled"):
-        config(unroll=16)
-
-
-@pytest.mark.parametrize("shift", range(8))
-def test_shifted_x_pack_is_the_halves_from_the_shift_on(tmp_path, shift):
-    # shifted_pack, compiled as host C++ (its selects and funnel shifts), against the plain slice.
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("no g++")
-    source = render(FAMILY, "float16", config(row_align="peeled", threads_per_row=32, unroll=4))
-    body = source[source.index("__device__ __forceinline__ void shifted_pack"):]
-    body = body[:body.index("\n}\n") + 3]
-    program = tmp_path / "shift.cpp"
-    program.write_text(
-        "#include <cstdio>\n#define __device__\n#define __forceinline__ inline\n"
-        "struct uint4 { unsigned int x, y, z, w; };\n"
-        "inline unsigned int __funnelshift_r(unsigned int lo, unsigned int hi, unsigned int s)"
-        " { return (unsigned int)((((unsigned long long)hi << 32) | lo) >> (s & 31)); }\n"
-        + body + "\nint main() { uint4 lo{0x00010000u, 0x00030002u, 0x00050004u, 0x00070006u},"
-        " hi{0x00090008u, 0x000b000au, 0x000d000cu, 0x000f000eu}; unsigned int out[4];"
-        f" shifted_pack(lo, hi, {shift}, out);"
-        " for (int i = 0; i < 4; ++i) std::printf(\"%u %u \", out[i] & 0xffffu, out[i] >> 16); }\n")
-    subprocess.run(["g++", "-std=c++17", "-o", str(tmp_path / "shift"), str(program)], check=True)
-    halves = [int(v) for v in subprocess.run([str(tmp_path / "shift")], capture_output=True, text=True,
-                                             check=True).stdout.split()]
-    assert halves == list(range(shift, shift + 8))
+    with pytest.raises(InvalidConfigError, match="row_align=peeled needs x_path smem or mma"):
+        config(row_align="peeled")
 
 
 def test_old_points_render_without_row_align():
