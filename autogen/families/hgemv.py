@@ -161,8 +161,7 @@ BATCH1_SEEDS = (
 )
 
 # One vector on rows off the 16-byte boundary: a warp a row, x in shared memory, A requested before
-# x is staged (the H100's best at 4096 x 11007 and 11008 x 4097, 85-88% of the floor, where the
-# tensor-core forms ran 80-87%: docs/families/hgemv.md, load_schedule).
+# x is staged (the long odd rows' best at one vector: docs/families/hgemv.md, load_schedule).
 ODD_ROWS_SEED = dict(threads_per_row=32, pack_width=8, warps_per_block=8, rows_per_group=1, unroll=4, x_path="smem",
                      reduce="shfl", load_schedule="early", row_align="peeled")
 

@@ -40,7 +40,6 @@ def test_space_size_and_every_issue_parameter():
     # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
     # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks); the
     # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early)
-    # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early)
     assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688
     early = [c for c in CONFIGS if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
