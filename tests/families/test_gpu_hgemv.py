@@ -69,6 +69,11 @@ def sample_configs() -> list:
     early = random.Random(10).sample([c for c in configs if c["load_schedule"] == "early"], 400)
     for key in {(c["row_align"], c["batch_tile"]) for c in early}:
         chosen.add(next(c for c in early if (c["row_align"], c["batch_tile"]) == key))
+    # row_align=peeled through the read-only path (rows in flight): every warps-a-row, pack width
+    # and unroll, and the seed of rows off the boundary.
+    flight = [c for c in configs if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
+    for key in {(c["threads_per_row"], c["pack_width"], c["unroll"]) for c in flight}:
+        chosen.add(next(c for c in flight if (c["threads_per_row"], c["pack_width"], c["unroll"]) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 
@@ -317,3 +322,44 @@ def test_pdl_call_is_bit_identical_to_the_plain_one(dtype, m, n, batch):
     graph.launch(stream)
     stream.synchronize()
     assert cupy.array_equal(y, plain)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,batch", [(130, 4099, 1), (300, 1003, 3), (1000, 4103, 1)])
+def test_rows_in_flight_pdl_form_is_bit_identical(dtype, m, n, batch):
+    """The rows-in-flight body (row_align=peeled, x_path=ldg) rendered with pdl=True requests its
+    first pass of A before griddepcontrol.wait and x after it: the same arithmetic as without, so
+    the same bits (launched plainly here, where the wait returns at once), and both right."""
+    import cupy
+
+    from autogen.gpu.device import device_identity
+    from autogen.gpu.measure import validate
+
+    config = FAMILY.space.check({**FAMILY.default_params, "x_path": "ldg", "row_align": "peeled",
+                                 "threads_per_row": 128, "warps_per_block": 8, "unroll": 4})
+    problem = FAMILY.problem(dtype, m=m, n=n, batch=batch)
+    name = FAMILY.kernel_name(dtype, config)
+    sources = {name: render(FAMILY, dtype, config), name + "_pdl": render(FAMILY, dtype, config, pdl=True)}
+    cubins = compile_many(sources, device_identity().arch)
+    functions = {}
+    for kernel, cubin in cubins.items():
+        assert isinstance(cubin, bytes), cubin
+        module = cupy.cuda.function.Module()
+        module.load(cubin)
+        functions[kernel] = (module, module.get_function(kernel))
+    for kernel, (_, function) in functions.items():
+        def launch(inputs, function=function):
+            for step in FAMILY.plan(problem, config):
+                function(step.launch.grid, step.launch.block, step.args(inputs))
+        check = validate(FAMILY, problem, launch, cupy, _rng())
+        assert check.ok, f"{kernel}: {check.reason}"
+    # The same inputs through both kernels: bit for bit.
+    inputs = FAMILY.make_inputs(problem, cupy, _rng(), FAMILY.timing_case(problem))
+    results = []
+    for _, function in functions.values():
+        y = cupy.zeros_like(inputs["y"])
+        for step in FAMILY.plan(problem, config):
+            function(step.launch.grid, step.launch.block, step.args(dict(inputs, y=y)))
+        results.append(y)
+    cupy.cuda.runtime.deviceSynchronize()
+    assert cupy.array_equal(results[0], results[1])

@@ -39,12 +39,18 @@ def test_space_size_and_every_issue_parameter():
     # and 8 blocks (split_k); the 880 tensor-core ones again with A double-buffered (a_buffers=2);
     # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
     # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks); the
-    # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688
+    # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early);
+    # and 90 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x 3
+    # pack widths x 3 unrolls, one vector and row a warp, chunk schedule, checked tail, shuffles)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 90
     early = [c for c in CONFIGS if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
-    # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head
-    assert all(c["x_path"] != "ldg" for c in CONFIGS if c["row_align"] == "peeled")
+    flight = [c for c in CONFIGS if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
+    assert len(flight) == 90 and all(c["threads_per_row"] >= 32 and c["batch_tile"] == 1 and c["rows_per_group"] == 1
+                                     for c in flight)
+    # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head, and
+    # through x_path=ldg only the rows in flight
+    assert all(c["x_path"] != "ldg" or c in flight for c in CONFIGS if c["row_align"] == "peeled")
     assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
     assert all(c["x_path"] == "mma" and c["threads_per_row"] == 32 * c["warps_per_block"]
                for c in CONFIGS if c["split_k"] > 1)
@@ -940,8 +946,28 @@ def test_peeled_rows_render_the_same_mapping_and_host_grid():
         assert fragment in source, fragment
     assert FAMILY.launch(FAMILY.problem(m=3000, n=4099), c).grid == (192, 1, 1)  # 24 windows of 8 blocks
     assert FAMILY.launch(FAMILY.problem(m=3000, n=4096), c).grid == (188, 1, 1)
-    with pytest.raises(InvalidConfigError, match="row_align=peeled needs x_path smem or mma"):
-        config(row_align="peeled")
+    with pytest.raises(InvalidConfigError, match="row_align=peeled with x_path=ldg takes whole warps a row"):
+        config(row_align="peeled", threads_per_row=16)
+    with pytest.raises(InvalidConfigError, match="one row and one vector a warp"):
+        config(row_align="peeled", batch_tile=2)
+
+
+def test_rows_in_flight_render_their_own_body_on_consecutive_rows():
+    # row_align=peeled through x_path=ldg: whole warps a row, rows of a block consecutive (no
+    # windows of blocks), each warp's share of the packs and their x requested before the math
+    c = config(x_path="ldg", row_align="peeled", threads_per_row=128, warps_per_block=8, unroll=4)
+    source = render(FAMILY, "float16", c, host_launcher=True)
+    for fragment in ("constexpr int WPR = 4;", "constexpr int ROWS = 2;",
+                     "ld.global.L1::evict_first.v4.u32", "__shared__ float warp_sum[8];",
+                     "const dim3 grid((unsigned int)((m - 1) / 2 + 1));"):
+        assert fragment in source, fragment
+    for absent in ("by_class", "x_tile", "griddepcontrol"):
+        assert absent not in source, absent
+    assert "griddepcontrol.wait" in render(FAMILY, "float16", c, pdl=True)
+    assert FAMILY.launch(FAMILY.problem(m=1000, n=4103), c).grid == (500, 1, 1)
+    # one warp a row: no shared memory, no barrier
+    one = render(FAMILY, "bfloat16", config(x_path="ldg", row_align="peeled", threads_per_row=32, pack_width=4))
+    assert "__syncthreads" not in one and "ld.global.L1::evict_first.v2.u32" in one
 
 
 def test_old_points_render_without_row_align():
