@@ -47,10 +47,10 @@ TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, u
 # One vector: the CUDA-core forms with x in shared memory and A requested before it is staged
 # (load_schedule=early), a warp or two a row, 4 packs a lane (8 and 16 lost to these: the history).
 EARLY_ROWS = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=4) for tpr, wpb in ((32, 8), (64, 8), (32, 4))]
-# One vector: rows in flight (row_align=peeled through the read-only path): 1 to 8 warps a row, 2 or
-# 4 packs a lane per pass, 1 to 4 rows a block.
+# One vector: rows in flight (row_align=peeled through the read-only path): 2 to 8 warps a row, 1 to
+# 4 rows a block, 2 or 4 packs a lane per pass.
 IN_FLIGHT = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=u)
-             for tpr, wpb in ((64, 4), (128, 4), (128, 8), (256, 8)) for u in (2, 4)]
+             for tpr, wpb in ((64, 4), (64, 8), (128, 4), (128, 8), (256, 8)) for u in (2, 4)]
 SIDES = ("peeled", "scalar", "rows", "flight")
 
 

@@ -165,10 +165,11 @@ BATCH1_SEEDS = (
 ODD_ROWS_SEED = dict(threads_per_row=32, pack_width=8, warps_per_block=8, rows_per_group=1, unroll=4, x_path="smem",
                      reduce="shfl", load_schedule="early", row_align="peeled")
 # And rows in flight (row_align=peeled through the read-only path, templates/hgemv/rows_in_flight.cu.j2):
-# four warps a row, each with its share of the row's packs and their x requested at once (the
-# small and mid-sized odd shapes' best: docs/families/hgemv.md, "Rows in flight").
-ROWS_IN_FLIGHT_SEED = dict(threads_per_row=128, pack_width=8, warps_per_block=8, rows_per_group=1, unroll=4,
-                           x_path="ldg", reduce="shfl", load_schedule="chunk", tail="checked", row_align="peeled")
+# four or eight warps a row, each with its share of the row's packs and their x requested at once
+# (the best forms of the odd shapes at one vector: docs/families/hgemv.md, "Rows in flight").
+ROWS_IN_FLIGHT_SEEDS = tuple(dict(threads_per_row=tpr, pack_width=8, warps_per_block=8, rows_per_group=1, unroll=4,
+                                  x_path="ldg", reduce="shfl", load_schedule="chunk", tail="checked", row_align="peeled")
+                             for tpr in (128, 256))
 
 
 @register
@@ -221,7 +222,7 @@ class Hgemv(GemvFamily):
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The default, then for one vector the BATCH1_SEEDS of its row length, then the twins
         of each (row_align=peeled on rows off the 16-byte boundary, where one vector also gets
-        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEED; split_k=2, min_blocks, tail=peeled):
+        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS; split_k=2, min_blocks, tail=peeled):
         docs/families/hgemv.md, "Defaults", says which shapes each seed won."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
@@ -231,7 +232,7 @@ class Hgemv(GemvFamily):
         if problem["n"] % 8:  # rows off the 16-byte boundary: each seed with row_align=peeled too
             seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
             if problem["batch"] == 1:
-                seeds += [self.space.check({**default.as_dict(), **seed}) for seed in (ODD_ROWS_SEED, ROWS_IN_FLIGHT_SEED)]
+                seeds += [self.space.check({**default.as_dict(), **seed}) for seed in (ODD_ROWS_SEED, *ROWS_IN_FLIGHT_SEEDS)]
         seeds += [twin for twin in (self._split_twin(problem, seed) for seed in seeds) if twin is not None]
         if problem["n"] % 8:  # where they were measured to win (rows off the boundary)
             seeds += [twin for twin in map(_bounded_twin, seeds) if twin is not None]
