@@ -6,8 +6,8 @@ reject_reason let the search time them; rows peeled, and on aligned rows also re
 torch (cuBLAS); and a plain read of A's bytes with no arithmetic (the best of a few grids: what a
 kernel that only read its weights would take, "read"). Each kernel is validated on fresh inputs,
 then all re-timed interleaved (scripts/ab_variants.py's harness). For one vector also the
-CUDA-core forms with x in shared memory and A requested first (load_schedule=early, "rows") and
-the rows in flight (row_align=peeled through the read-only path, "flight"); the
+CUDA-core forms with x in shared memory and A requested first (load_schedule=early, "rows"); for
+batches to 4 the rows in flight (row_align=peeled through the read-only path, "flight"); the
 other x_path=smem forms lost to the tensor-core ones on every problem of this harness
 (docs/history/families.md).
 
@@ -47,17 +47,18 @@ TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, u
 # One vector: the CUDA-core forms with x in shared memory and A requested before it is staged
 # (load_schedule=early), a warp or two a row, 4 packs a lane (8 and 16 lost to these: the history).
 EARLY_ROWS = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=4) for tpr, wpb in ((32, 8), (64, 8), (32, 4))]
-# One vector: rows in flight (row_align=peeled through the read-only path): 2 to 8 warps a row, 1 to
-# 4 rows a block, 2 or 4 packs a lane per pass.
-IN_FLIGHT = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=u)
-             for tpr, wpb in ((64, 4), (64, 8), (128, 4), (128, 8), (256, 8)) for u in (2, 4)]
+# Rows in flight (row_align=peeled through the read-only path, batch tiles to 4): 2 to 8 warps a row,
+# 1 to 4 rows a block, 1 to 4 packs a lane per pass (fewer with more vectors: their x takes the
+# registers).
+IN_FLIGHT = ((64, 4), (64, 8), (128, 4), (128, 8), (256, 8))
+IN_FLIGHT_UNROLLS = {1: (2, 4), 2: (1, 2, 4), 4: (1, 2)}
 SIDES = ("peeled", "scalar", "rows", "flight")
 
 
 def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
     """(side, params) for one batch: each tensor-core config unsplit and split over 2 blocks, with
     no register bound and bounded for 2 and 3 blocks per SM, rows peeled (both ways on aligned rows);
-    for one vector also EARLY_ROWS ("rows") and IN_FLIGHT ("flight")."""
+    for one vector also EARLY_ROWS ("rows"); for batches to 4 IN_FLIGHT ("flight")."""
     from autogen.families.hgemv import batch_tile_for
 
     tile = batch_tile_for(batch)
@@ -69,8 +70,10 @@ def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
         rows += [("rows", dict(cuda_core, x_path="smem", pack_width=8, rows_per_group=1, load_schedule="early",
                                row_align="peeled"))
                  for cuda_core in EARLY_ROWS]
-        rows += [("flight", dict(geometry, x_path="ldg", pack_width=8, rows_per_group=1, row_align="peeled"))
-                 for geometry in IN_FLIGHT]
+    if tile in IN_FLIGHT_UNROLLS:
+        rows += [("flight", dict(threads_per_row=tpr, warps_per_block=wpb, unroll=unroll, x_path="ldg", pack_width=8,
+                                 rows_per_group=1, batch_tile=tile, row_align="peeled"))
+                 for tpr, wpb in IN_FLIGHT for unroll in IN_FLIGHT_UNROLLS[tile]]
     return rows
 
 

@@ -65,15 +65,16 @@ def tail_peels_one_vector(p) -> str | None:
 
 def peeled_rows_stage_x(p) -> str | None:
     # row_align=peeled: x_path smem and mma stage x shifted by the block's head in shared memory;
-    # x_path=ldg takes its own body (templates/hgemv/rows_in_flight.cu.j2): whole warps a row, one
-    # vector, each pass's packs and x requested before any multiply-add, the warps' sums added in
-    # shared memory. Its own loop: no row groups, step schedule, unchecked tail or tree reduction.
+    # x_path=ldg takes its own body (templates/hgemv/rows_in_flight.cu.j2): whole warps a row, each
+    # pass's packs and x requested before any multiply-add, the warps' sums added in shared memory.
+    # Its own loop: no row groups, step schedule, unchecked tail or tree reduction; batch tiles to 4
+    # (8 vectors' x of a pack would hold 36 words a pack in flight).
     if p["row_align"] != "peeled" or p["x_path"] != "ldg":
         return None
     if p["threads_per_row"] < 32:
         return "row_align=peeled with x_path=ldg takes whole warps a row: threads_per_row >= 32"
-    if p["rows_per_group"] != 1 or p["batch_tile"] != 1:
-        return "row_align=peeled with x_path=ldg computes one row and one vector a warp: rows_per_group=1, batch_tile=1"
+    if p["rows_per_group"] != 1 or p["batch_tile"] > 4:
+        return "row_align=peeled with x_path=ldg computes one row a warp, up to 4 vectors: rows_per_group=1, batch_tile <= 4"
     if p["load_schedule"] != "chunk" or p["tail"] != "checked" or p["reduce"] != "shfl":
         return "row_align=peeled with x_path=ldg has its own loop: load_schedule=chunk, tail=checked, reduce=shfl"
     return None

@@ -69,11 +69,12 @@ def sample_configs() -> list:
     early = random.Random(10).sample([c for c in configs if c["load_schedule"] == "early"], 400)
     for key in {(c["row_align"], c["batch_tile"]) for c in early}:
         chosen.add(next(c for c in early if (c["row_align"], c["batch_tile"]) == key))
-    # row_align=peeled through the read-only path (rows in flight): every warps-a-row, pack width
-    # and unroll, and the seed of rows off the boundary.
-    flight = [c for c in configs if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
-    for key in {(c["threads_per_row"], c["pack_width"], c["unroll"]) for c in flight}:
-        chosen.add(next(c for c in flight if (c["threads_per_row"], c["pack_width"], c["unroll"]) == key))
+    # row_align=peeled through the read-only path (rows in flight): every batch tile with every
+    # warps-a-row, every pack width and every unroll.
+    flight = random.Random(11).sample([c for c in configs if c["row_align"] == "peeled" and c["x_path"] == "ldg"], 270)
+    for other in ("threads_per_row", "pack_width", "unroll"):
+        for key in {(c["batch_tile"], c[other]) for c in flight}:
+            chosen.add(next(c for c in flight if (c["batch_tile"], c[other]) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 

@@ -40,14 +40,15 @@ def test_space_size_and_every_issue_parameter():
     # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
     # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks); the
     # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early);
-    # and 90 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x 3
-    # pack widths x 3 unrolls, one vector and row a warp, chunk schedule, checked tail, shuffles)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 90
+    # and 270 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x 3
+    # pack widths x 3 unrolls x batch tiles 1, 2, 4, one row a warp, chunk schedule, checked
+    # tail, shuffles)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 270
     early = [c for c in CONFIGS if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
     flight = [c for c in CONFIGS if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
-    assert len(flight) == 90 and all(c["threads_per_row"] >= 32 and c["batch_tile"] == 1 and c["rows_per_group"] == 1
-                                     for c in flight)
+    assert len(flight) == 270 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 and c["rows_per_group"] == 1
+                                      for c in flight)
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head, and
     # through x_path=ldg only the rows in flight
     assert all(c["x_path"] != "ldg" or c in flight for c in CONFIGS if c["row_align"] == "peeled")
@@ -948,8 +949,8 @@ def test_peeled_rows_render_the_same_mapping_and_host_grid():
     assert FAMILY.launch(FAMILY.problem(m=3000, n=4096), c).grid == (188, 1, 1)
     with pytest.raises(InvalidConfigError, match="row_align=peeled with x_path=ldg takes whole warps a row"):
         config(row_align="peeled", threads_per_row=16)
-    with pytest.raises(InvalidConfigError, match="one row and one vector a warp"):
-        config(row_align="peeled", batch_tile=2)
+    with pytest.raises(InvalidConfigError, match="one row a warp, up to 4 vectors"):
+        config(row_align="peeled", batch_tile=8)
 
 
 def test_rows_in_flight_render_their_own_body_on_consecutive_rows():
@@ -957,10 +958,15 @@ def test_rows_in_flight_render_their_own_body_on_consecutive_rows():
     # windows of blocks), each warp's share of the packs and their x requested before the math
     c = config(x_path="ldg", row_align="peeled", threads_per_row=128, warps_per_block=8, unroll=4)
     source = render(FAMILY, "float16", c, host_launcher=True)
-    for fragment in ("constexpr int WPR = 4;", "constexpr int ROWS = 2;",
-                     "ld.global.L1::evict_first.v4.u32", "__shared__ float warp_sum[8];",
+    for fragment in ("constexpr int WPR = 4;", "constexpr int ROWS = 2;", "constexpr int BT = 1;",
+                     "ld.global.L1::evict_first.v4.u32", "__shared__ float warp_sum[BT][8];",
                      "const dim3 grid((unsigned int)((m - 1) / 2 + 1));"):
         assert fragment in source, fragment
+    # one rendering of the passes per offset of x from a unit boundary: 8 at one vector, 2 at four
+    assert source.count("asm volatile(\"ld.global.v4.u32") == 8 * 2 - 1  # units p and, shifted, p + 1
+    four = render(FAMILY, "float16", config(x_path="ldg", row_align="peeled", threads_per_row=128, warps_per_block=8,
+                                            unroll=2, batch_tile=4))
+    assert "switch ((head * BT) % PW)" in four and "case 0:" in four and "default:" in four and "case 4" not in four
     for absent in ("by_class", "x_tile", "griddepcontrol"):
         assert absent not in source, absent
     assert "griddepcontrol.wait" in render(FAMILY, "float16", c, pdl=True)
