@@ -172,6 +172,23 @@ ROWS_IN_FLIGHT_SEEDS = tuple(dict(threads_per_row=tpr, pack_width=8, warps_per_b
                              for tpr in (128, 256))
 
 
+# Untuned long rows off the 16-byte boundary, one or two vectors: rows in flight, four warps a row,
+# two rows a block (the best form at 3000 x 4099, 4096 x 11007 and 11008 x 4097 at both batches).
+ROWS_IN_FLIGHT_DEFAULT = {batch: dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=1,
+                                      unroll=4 if batch == 1 else 2, x_path="ldg", reduce="shfl", batch_tile=batch,
+                                      load_schedule="chunk", tail="checked", row_align="peeled")
+                          for batch in (1, 2)}
+
+
+def _tensor_core_params(problem: Problem) -> dict:
+    """The tensor-core default: one 16-row tile per block of 8 warps on rows of >= 512 columns
+    (4 warps on shorter ones), 4 steps in flight, rows peeled where they start off the 16-byte
+    boundary."""
+    wide = problem["n"] >= 512
+    return dict(x_path="mma", threads_per_row=256 if wide else 128, warps_per_block=8 if wide else 4,
+                rows_per_group=1, unroll=4, row_align="peeled" if problem["n"] % 8 else "scalar")
+
+
 @register
 class Hgemv(GemvFamily):
     name = "hgemv"
@@ -202,21 +219,20 @@ class Hgemv(GemvFamily):
 
     def default_config(self, problem: Problem | None = None) -> Config:
         """Untuned, a batch is served in one launch (the batch tile that covers it): one vector
-        on long rows with 4 packs in flight, batches on the tensor cores (x_path=mma), 8 warps
-        per 16-row tile on rows of >= 512 columns (why: docs/families/hgemv.md, "Defaults")."""
+        on long rows with 4 packs in flight; on long rows off the 16-byte boundary, one or two
+        vectors as rows in flight (ROWS_IN_FLIGHT_DEFAULT); other batches on the tensor cores
+        (x_path=mma), 8 warps per 16-row tile on rows of >= 512 columns (why:
+        docs/families/hgemv.md, "Defaults")."""
         params = dict(self.default_params)
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
-            # Long rows off the 16-byte boundary: the tensor-core default with row_align=peeled.
             odd = problem["n"] % 8 != 0 and problem["n"] >= 1024
-            if problem["batch"] == 1 and problem["n"] >= 1024 and not odd:
+            if odd and problem["batch"] <= 2:
+                params.update(ROWS_IN_FLIGHT_DEFAULT[problem["batch"]])
+            elif problem["batch"] == 1 and problem["n"] >= 1024 and not odd:
                 params["unroll"] = 4
             elif problem["batch"] > 1 or odd:
-                wide = problem["n"] >= 512
-                params.update(x_path="mma", threads_per_row=256 if wide else 128, warps_per_block=8 if wide else 4,
-                              rows_per_group=1, unroll=4)
-            if params["x_path"] == "mma" and problem["n"] % 8:
-                params["row_align"] = "peeled"
+                params.update(_tensor_core_params(problem))
         return self.space.check(params)
 
     def seed_configs(self, problem: Problem) -> list[Config]:
@@ -229,6 +245,8 @@ class Hgemv(GemvFamily):
         # (the batch-1 seeds are read-only-path configs: row_align=peeled comes as their twins)
         seeds = [default] + [self.space.check({**default.as_dict(), "row_align": "scalar", **params})
                              for params in extra]
+        if default["x_path"] == "ldg" and default["row_align"] == "peeled":  # rows in flight: the tensor cores too
+            seeds.append(self.space.check({**default.as_dict(), **_tensor_core_params(problem), "reduce": "shfl"}))
         if problem["n"] % 8:  # rows off the 16-byte boundary: each seed with row_align=peeled too
             seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
             if problem["batch"] == 1:

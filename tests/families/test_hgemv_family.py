@@ -985,12 +985,26 @@ def test_old_points_render_without_row_align():
     assert "row_align" not in render(FAMILY, "float16", completed)
 
 
-def test_rows_off_the_boundary_default_to_tensor_cores_with_peeled_rows():
-    for batch in (1, 3, 8):
+def test_rows_off_the_boundary_default_to_rows_in_flight_then_tensor_cores_with_peeled_rows():
+    # one or two vectors: rows in flight (x_path=ldg, row_align=peeled); more: the tensor cores
+    for batch in (1, 2):
+        c = FAMILY.default_config(FAMILY.problem(m=3000, n=4099, batch=batch))
+        assert (c["x_path"], c["row_align"], c["threads_per_row"], c["warps_per_block"], c["batch_tile"]) == (
+            "ldg", "peeled", 128, 4, batch)
+        assert c["unroll"] == (4 if batch == 1 else 2)
+        # the tensor-core form the default was before is seeded beside it
+        seeds = FAMILY.seed_configs(FAMILY.problem(m=3000, n=4099, batch=batch))
+        assert any(s["x_path"] == "mma" and s["row_align"] == "peeled" and s["threads_per_row"] == 256
+                   and s["batch_tile"] == batch and s["split_k"] == 1 for s in seeds)
+    for batch in (3, 8):
         c = FAMILY.default_config(FAMILY.problem(m=3000, n=4099, batch=batch))
         assert c["x_path"] == "mma" and c["row_align"] == "peeled" and c["batch_tile"] == batch_tile_for(batch)
     seeds = FAMILY.seed_configs(FAMILY.problem(m=3000, n=4099, batch=1))
     assert any(s["row_align"] == "peeled" and s["x_path"] == "smem" for s in seeds)
+    assert {(s["threads_per_row"], s["warps_per_block"], s["unroll"]) for s in seeds
+            if s["x_path"] == "ldg" and s["row_align"] == "peeled"} == {(128, 4, 4), (128, 8, 4), (256, 8, 4)}
+    # short odd rows and aligned rows keep theirs
+    assert FAMILY.default_config(FAMILY.problem(m=3000, n=1003, batch=1))["row_align"] == "scalar"
     assert FAMILY.default_config(FAMILY.problem(m=3000, n=4096, batch=1))["row_align"] == "scalar"
     assert FAMILY.default_config(FAMILY.problem(m=3000, n=4096, batch=4))["row_align"] == "scalar"
 
@@ -1070,10 +1084,10 @@ def test_split_host_launcher_builds_and_clusters_only_on_sm90(tmp_path, arch):
 def test_few_row_blocks_seed_the_tensor_core_default_split_in_two(monkeypatch):
     import autogen.families.hgemv as hgemv
     monkeypatch.setattr(hgemv, "sm_count", lambda: 132)
-    for batch in (1, 3, 8):
+    for batch in (1, 2, 3, 8):
         seeds = FAMILY.seed_configs(FAMILY.problem(m=1000, n=4103, batch=batch))
-        default = FAMILY.default_config(FAMILY.problem(m=1000, n=4103, batch=batch))
-        assert FAMILY.space.check({**default.as_dict(), "split_k": 2}) in seeds
+        tensor_cores = next(s for s in seeds if s["x_path"] == "mma")  # the default from batch 3 on
+        assert FAMILY.space.check({**tensor_cores.as_dict(), "split_k": 2}) in seeds
     # 688 blocks of 16 rows already fill the GPU: no split seeded
     assert all(s["split_k"] == 1 for s in FAMILY.seed_configs(FAMILY.problem(m=11008, n=4097, batch=4)))
 
