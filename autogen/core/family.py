@@ -241,9 +241,11 @@ class Family:
         return [self.default_config(problem)]
 
     def seed_from(self, problem: Problem, params: dict) -> dict:
-        """Another shape's winner `params` as a point to try first on `problem` (the warm start).
-        Unchanged by default; a family changes what only fits the other shape (hgemv: the batch
-        tile that covers this batch). The result is checked against the space by the caller."""
+        """Another shape's winner `params` as a point for `problem`: tried first by the warm start,
+        and served by the dispatcher before `problem` is tuned (its nearest and arch steps, after
+        validation on `problem`). Unchanged by default; a family changes what only fits the other
+        shape (hgemv: the batch tile that covers this batch, and the row form on rows off the
+        16-byte boundary). The result is checked against the space by the caller."""
         return params
 
     # --- code -----------------------------------------------------------------------------

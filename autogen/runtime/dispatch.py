@@ -158,9 +158,10 @@ class Dispatcher:
         # Before sm_90 there is no griddepcontrol: the plain kernel and launch serve a pdl=True call.
         pdl = pdl and int(device.compute_capability.split(".")[0]) >= 9
         for served_by, winner in self._candidates(family, problem, device, strict):
-            config = family.space.check(winner.trial.params) if winner else family.default_config(problem)
+            config = _served_config(family, problem, served_by, winner)
             kernel = self._compile(family, problem, config, served_by, winner, device, *((True,) if pdl else ()))
-            if winner is not None:
+            if winner is not None and config == family.space.check(winner.trial.params):
+                # (a neighbour's winner adapted to this shape is another kernel: validated below)
                 kernel.stale = stale_reasons(winner, kernel.provenance.get("plain_source_hash"), device)
             if kernel.stale:
                 # Measured elsewhere (another driver, runtime, NVRTC or autogen) or from another
@@ -266,6 +267,20 @@ class Dispatcher:
             note_once(("validations", self.db_url),
                       f"cannot store kernel validations in {display_url(self.databases()[0].url)} ({exc}); "
                       "they are kept in memory for this process")
+
+
+def _served_config(family, problem: Problem, served_by: str, winner: WinnerRecord | None) -> Config:
+    """The config a step of the chain serves: the exact winner's own; another shape's winner as
+    the family adapts it to this shape (Family.seed_from, as the warm start does: hgemv gives it
+    this batch's tile, and on rows off the 16-byte boundary a form that keeps wide loads), where
+    the adapted point is in the space, else as it was stored; the default config."""
+    if winner is None:
+        return family.default_config(problem)
+    stored = winner.trial.params
+    if served_by == "exact":
+        return family.space.check(stored)
+    adapted = family.seed_from(problem, family.space.complete(stored))
+    return family.space.check(stored if family.space.violations(adapted) else adapted)
 
 
 def _servable(family, winner: WinnerRecord) -> bool:

@@ -843,6 +843,25 @@ def test_warm_start_gives_other_batches_winners_this_batch_tile():
     assert seeds[0] == FAMILY.default_config(problem).as_dict()
 
 
+def test_a_winner_of_aligned_rows_is_adapted_to_long_rows_off_the_boundary():
+    # seed_from (the warm start, and the dispatcher before a shape is tuned): a winner that would
+    # read rows off the 16-byte boundary element by element takes its peeled twin, else the default
+    aligned_ldg = dict(FAMILY.default_params, threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2,
+                       tail="peeled")
+    odd = FAMILY.problem(m=3000, n=4099, batch=1)
+    assert FAMILY.seed_from(odd, aligned_ldg) == FAMILY.default_config(odd).as_dict()
+    assert FAMILY.space.check(FAMILY.seed_from(odd, aligned_ldg))["row_align"] == "peeled"
+    mma = dict(FAMILY.default_params, x_path="mma", threads_per_row=256, warps_per_block=8, unroll=4, batch_tile=4)
+    twin = FAMILY.seed_from(FAMILY.problem(m=3000, n=4099, batch=3), mma)
+    assert {k: v for k, v in twin.items() if k != "row_align"} == {k: v for k, v in mma.items() if k != "row_align"}
+    assert twin["row_align"] == "peeled"
+    # rows on the boundary, short odd rows, and a pack that divides n keep the winner's form
+    assert FAMILY.seed_from(FAMILY.problem(m=3000, n=4096, batch=1), aligned_ldg) == {**aligned_ldg, "batch_tile": 1}
+    assert FAMILY.seed_from(FAMILY.problem(m=300, n=1003, batch=1), aligned_ldg)["row_align"] == "scalar"
+    half2 = dict(aligned_ldg, pack_width=2)
+    assert FAMILY.seed_from(FAMILY.problem(m=3000, n=4098, batch=1), half2) == half2
+
+
 def test_warm_start_tries_this_shape_in_the_sibling_dtype_first():
     from types import SimpleNamespace
 

@@ -57,6 +57,30 @@ def test_nearest_is_ordered_by_log_distance(dispatcher):
     assert shapes == ["m=1024,n=128", "m=4096,n=4096", "m=16384,n=16"]
 
 
+def test_a_neighbours_winner_is_served_as_the_family_adapts_it():
+    # exact: the winner's own config; nearest and arch: Family.seed_from's (validated before it is
+    # served), where the space holds it, else the stored one; default: the default config
+    from types import SimpleNamespace
+
+    from autogen.runtime.dispatch import _served_config
+
+    hgemv = get_family("hgemv")
+    stored = dict(hgemv.default_params, threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2,
+                  tail="peeled")
+    winner = SimpleNamespace(trial=SimpleNamespace(params=stored))
+    odd = hgemv.problem(m=3000, n=4099, batch=1)
+    assert _served_config(hgemv, odd, "exact", winner).as_dict() == stored
+    for step in ("nearest", "arch"):
+        assert _served_config(hgemv, odd, step, winner) == hgemv.default_config(odd)  # rows in flight
+    # re-tiled for two vectors, tail=peeled is one vector's only: served as stored
+    aligned_two = hgemv.problem(m=4096, n=4096, batch=2)
+    assert _served_config(hgemv, aligned_two, "nearest", winner).as_dict() == stored
+    assert _served_config(hgemv, aligned_two, "default", None) == hgemv.default_config(aligned_two)
+    # families that adapt nothing serve the neighbour's winner as it is
+    sgemv_winner = SimpleNamespace(trial=SimpleNamespace(params=dict(SGEMV.default_params)))
+    assert _served_config(SGEMV, SGEMV.problem(m=8192, n=16), "nearest", sgemv_winner) == SGEMV.default_config()
+
+
 def test_strict_raises_instead_of_falling_back(dispatcher):
     steps = dispatcher._candidates(SGEMV, SGEMV.problem(m=4096, n=4096), H100, True)
     assert next(steps)[0] == "exact"
