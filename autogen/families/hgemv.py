@@ -267,8 +267,7 @@ class Hgemv(GemvFamily):
         would read the weights once per vector); on long rows off the 16-byte boundary, a winner
         that would read them element by element (row_align=scalar where its packs do not divide
         n: a shape on the boundary's) takes its peeled twin where the space has one, else this
-        shape's default (0.52x torch against 1.34x at 3000 x 4099 on the H100:
-        docs/families/hgemv.md)."""
+        shape's default (the scalar rows' cost: docs/families/hgemv.md)."""
         params = {**params, "batch_tile": batch_tile_for(problem["batch"])}
         pack = 8 if params.get("x_path") == "mma" else params.get("pack_width", 8)
         odd_long_rows = problem["n"] % 8 != 0 and problem["n"] >= 1024
