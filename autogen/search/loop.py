@@ -31,6 +31,7 @@ from autogen.gpu.measure import time_into
 from autogen.search import dbstats, studies
 from autogen.search.claims import BatchClaims, body_hash, CLAIM_BATCH, Heartbeat, Lease, new_owner, TakeOver
 from autogen.search.optuna_internals import FixedSpaceTPESampler
+from autogen.search.random_sampler import FixedSpaceRandomSampler
 from autogen.search.progress import TrialDone
 from autogen.search.studies import PENALTY_US
 from autogen.search.winner import trial_from_outcome
@@ -49,8 +50,12 @@ def make_sampler(name: str, seed: int | None, space: dict[str, CategoricalDistri
         # multivariate: parameters interact (vector width x threads per row);
         # constant_liar: several trials are in flight while the compile pool works ahead.
         return FixedSpaceTPESampler(space, seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10)
-    if name in ("random", "exhaustive"):
-        # exhaustive enqueues every valid point first (see create_study); random serves the rest
+    if name == "random":
+        # whole points the search would measure (autogen.search.random_sampler)
+        return FixedSpaceRandomSampler(space, seed=seed)
+    if name == "exhaustive":
+        # every valid point is enqueued first (SearchLoop.run); Optuna's sampler only serves a
+        # search that outlives them
         return optuna.samplers.RandomSampler(seed=seed)
     raise UsageError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
 
@@ -154,7 +159,7 @@ class SearchLoop(TakeOver, BatchClaims):
             study.refresh(wait=False)
         self.local = study.local
         self.judged_points: dict[tuple, tuple[Config, str] | None] = {}  # see _judged
-        if isinstance(self.local.sampler, FixedSpaceTPESampler):
+        if isinstance(self.local.sampler, (FixedSpaceTPESampler, FixedSpaceRandomSampler)):
             self.local.sampler.skip = self._would_skip
         self.fixed = collections.deque(self.start.seeds + exhaustive)  # asked first, in order
         self.by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
