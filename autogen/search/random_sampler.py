@@ -1,9 +1,9 @@
 """Random search over the points a search would measure.
 
 Optuna's RandomSampler draws each parameter on its own, over the whole product of the choices.
-Most of that product is invalid or pruned for a given shape (sgemv at n = 16: about three asks in
-four), and the search rejects such a point only after a whole ask and tell through Optuna, the
-largest part of a trial's host time in a simulated search (docs/distributed.md). This sampler
+Much of that product is invalid or pruned for a given shape, and the search rejects such a point
+only after a whole ask and tell through Optuna: a large part of a trial's host time in a simulated
+search (docs/distributed.md, "Random search drawing whole points"). This sampler
 draws whole points itself, by rejection against the search's own test (the `skip` hook
 FixedSpaceTPESampler has too), and hands Optuna the first one the search would measure: the same
 uniform choice among those points, one ask per trial.
