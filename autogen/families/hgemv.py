@@ -166,14 +166,14 @@ ODD_ROWS_SEED = dict(threads_per_row=32, pack_width=8, warps_per_block=8, rows_p
                      reduce="shfl", load_schedule="early", row_align="peeled")
 # And rows in flight (row_align=peeled through the read-only path, templates/hgemv/rows_in_flight.cu.j2):
 # four or eight warps a row, each with its share of the row's packs and their x requested at once
-# (the best forms of the odd shapes at one vector: docs/families/hgemv.md, "Rows in flight").
+# (measured: docs/families/hgemv.md, "Rows in flight").
 ROWS_IN_FLIGHT_SEEDS = tuple(dict(threads_per_row=tpr, pack_width=8, warps_per_block=8, rows_per_group=1, unroll=4,
                                   x_path="ldg", reduce="shfl", load_schedule="chunk", tail="checked", row_align="peeled")
                              for tpr in (128, 256))
 
 
 # Untuned long rows off the 16-byte boundary, one or two vectors: rows in flight, four warps a row,
-# two rows a block (the best form at 3000 x 4099, 4096 x 11007 and 11008 x 4097 at both batches).
+# two rows a block (why: docs/families/hgemv.md, "Defaults").
 ROWS_IN_FLIGHT_DEFAULT = {batch: dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=1,
                                       unroll=4 if batch == 1 else 2, x_path="ldg", reduce="shfl", batch_tile=batch,
                                       load_schedule="chunk", tail="checked", row_align="peeled")
@@ -269,9 +269,9 @@ class Hgemv(GemvFamily):
         n: a shape on the boundary's) takes its peeled twin where the space has one, else this
         shape's default (the scalar rows' cost: docs/families/hgemv.md)."""
         params = {**params, "batch_tile": batch_tile_for(problem["batch"])}
-        pack = 8 if params.get("x_path") == "mma" else params.get("pack_width", 8)
+        pack = 8 if params["x_path"] == "mma" else params["pack_width"]
         odd_long_rows = problem["n"] % 8 != 0 and problem["n"] >= 1024
-        if odd_long_rows and params.get("row_align") == "scalar" and problem["n"] % pack:
+        if odd_long_rows and params["row_align"] == "scalar" and problem["n"] % pack:
             twin = {**params, "row_align": "peeled"}
             return twin if not SPACE.violations(twin) else self.default_config(problem).as_dict()
         return params
