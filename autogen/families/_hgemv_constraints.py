@@ -63,13 +63,26 @@ def tail_peels_one_vector(p) -> str | None:
     return None
 
 
+def rows_in_flight(p) -> bool:
+    """row_align=peeled through the read-only path: templates/hgemv/rows_in_flight.cu.j2."""
+    return p["row_align"] == "peeled" and p["x_path"] == "ldg"
+
+
+def three_vectors_in_flight(p) -> str | None:
+    # A tile of 3 vectors keeps x in whole units for a batch of 3 in rows in flight alone (a tile
+    # of 4 there reads a batch of 3 element by element); the other forms index x by powers of two.
+    if p["batch_tile"] == 3 and not rows_in_flight(p):
+        return "batch_tile=3 needs row_align=peeled with x_path=ldg (rows in flight)"
+    return None
+
+
 def peeled_rows_stage_x(p) -> str | None:
     # row_align=peeled: x_path smem and mma stage x shifted by the block's head in shared memory;
     # x_path=ldg takes its own body (templates/hgemv/rows_in_flight.cu.j2): whole warps a row, each
     # pass's packs and x requested before any multiply-add, the warps' sums added in shared memory.
-    # Its own loop: no row groups, step schedule, unchecked tail or tree reduction; batch tiles to 4
-    # (8 vectors' x of a pack would hold 36 words a pack in flight).
-    if p["row_align"] != "peeled" or p["x_path"] != "ldg":
+    # Its own loop: no row groups, step schedule, unchecked tail or tree reduction; batch tiles 1 to
+    # 4 (8 vectors' x of a pack would hold 36 words a pack in flight).
+    if not rows_in_flight(p):
         return None
     if p["threads_per_row"] < 32:
         return "row_align=peeled with x_path=ldg takes whole warps a row: threads_per_row >= 32"

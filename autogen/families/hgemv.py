@@ -21,9 +21,10 @@ from autogen.core.space import Param, Space
 from autogen.errors import ArgumentError
 from autogen.families._gemv import (gemv_arguments, gemv_shapes, GemvFamily, overshoot_reason,
                                     reduce_only_across_warps, row_fits_block)
-from autogen.families._hgemv_constraints import (mma_shape, peeled_rows_stage_x, schedule_has_steps,
+from autogen.families._hgemv_constraints import (mma_shape, peeled_rows_stage_x, rows_in_flight, schedule_has_steps,
                                                split_on_tensor_cores, tail_peels_one_vector,
-                                               tensor_core_registers, values_fit_registers, x_tile_fits)
+                                               tensor_core_registers, three_vectors_in_flight,
+                                               values_fit_registers, x_tile_fits)
 from autogen.gpu.device import sm_count
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
@@ -56,8 +57,9 @@ SPACE = Space(
               "x through the read-only cache, staged in shared memory as fp32, or mma: tensor cores "
               "(mma.sync m16n8k16) on 16*rows_per_group rows x 8 vectors per row group"),
         Param("reduce", ("shfl", "smem"), "r", "cross-warp reduction: shuffles or a shared-memory tree"),
-        Param("batch_tile", (1, 2, 4, 8), "bt",
-              "vectors per launch: each loaded weight feeds batch_tile dot products from registers"),
+        Param("batch_tile", (1, 2, 3, 4, 8), "bt",
+              "vectors per launch: each loaded weight feeds batch_tile dot products from registers "
+              "(3: rows in flight only)"),
         Param("load_schedule", ("chunk", "step", "early"), "ls",
               "A's packs requested a chunk at a time, each unrolled step's just before it, or "
               "(x_path=smem) the chunk's before its x is staged",
@@ -79,8 +81,8 @@ SPACE = Space(
               added_with_default=1),
     ),
     constraints=(row_fits_block, reduce_only_across_warps, x_tile_fits, mma_shape, values_fit_registers,
-                 schedule_has_steps, tail_peels_one_vector, peeled_rows_stage_x, split_on_tensor_cores,
-                 tensor_core_registers),
+                 schedule_has_steps, tail_peels_one_vector, peeled_rows_stage_x, three_vectors_in_flight,
+                 split_on_tensor_cores, tensor_core_registers),
 )
 
 
@@ -143,9 +145,12 @@ def split_reason(problem: Problem, config: Config, row_blocks: int) -> str | Non
     return None
 
 
-def batch_tile_for(batch: int) -> int:
+def batch_tile_for(batch: int, params: dict | Config | None = None) -> int:
     """The tile the search times for a batch: the smallest power of two covering it (at most 8),
-    so that a batch of up to 8 vectors reads the weights once."""
+    so that a batch of up to 8 vectors reads the weights once; for rows in flight (`params` of
+    that form) a batch of 3 takes its own tile, which reads x in whole units."""
+    if batch == 3 and params is not None and rows_in_flight(params):
+        return 3
     return min(MAX_TILE, 1 << max(0, batch - 1).bit_length())
 
 
@@ -172,12 +177,13 @@ ROWS_IN_FLIGHT_SEEDS = tuple(dict(threads_per_row=tpr, pack_width=8, warps_per_b
                              for tpr in (128, 256))
 
 
-# Untuned long rows off the 16-byte boundary, one or two vectors: rows in flight, four warps a row,
-# two rows a block (why: docs/families/hgemv.md, "Defaults").
+# Long rows off the 16-byte boundary: rows in flight, four warps a row, two rows a block, fewer packs
+# a pass as the vectors' x takes the registers. The default at one or two vectors, a seed at three
+# and four (why: docs/families/hgemv.md, "Defaults").
 ROWS_IN_FLIGHT_DEFAULT = {batch: dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=1,
-                                      unroll=4 if batch == 1 else 2, x_path="ldg", reduce="shfl", batch_tile=batch,
+                                      unroll=unroll, x_path="ldg", reduce="shfl", batch_tile=batch,
                                       load_schedule="chunk", tail="checked", row_align="peeled")
-                          for batch in (1, 2)}
+                          for batch, unroll in ((1, 4), (2, 2), (3, 2), (4, 1))}
 
 
 def _tensor_core_params(problem: Problem) -> dict:
@@ -227,7 +233,7 @@ class Hgemv(GemvFamily):
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
             odd = problem["n"] % 8 != 0 and problem["n"] >= 1024
-            if odd and problem["batch"] <= 2:
+            if odd and problem["batch"] <= 2:  # (at 3 and 4 a seed: seed_configs)
                 params.update(ROWS_IN_FLIGHT_DEFAULT[problem["batch"]])
             elif problem["batch"] == 1 and problem["n"] >= 1024 and not odd:
                 params["unroll"] = 4
@@ -238,7 +244,8 @@ class Hgemv(GemvFamily):
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The default, then for one vector the BATCH1_SEEDS of its row length, then the twins
         of each (row_align=peeled on rows off the 16-byte boundary, where one vector also gets
-        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS; split_k=2, min_blocks, tail=peeled):
+        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS, and three or four vectors rows in flight;
+        split_k=2, min_blocks, tail=peeled):
         docs/families/hgemv.md, "Defaults", says which shapes each seed won."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
@@ -247,6 +254,8 @@ class Hgemv(GemvFamily):
                              for params in extra]
         if default["x_path"] == "ldg" and default["row_align"] == "peeled":  # rows in flight: the tensor cores too
             seeds.append(self.space.check({**default.as_dict(), **_tensor_core_params(problem), "reduce": "shfl"}))
+        elif problem["n"] % 8 and problem["n"] >= 1024 and problem["batch"] in ROWS_IN_FLIGHT_DEFAULT:
+            seeds.append(self.space.check({**default.as_dict(), **ROWS_IN_FLIGHT_DEFAULT[problem["batch"]]}))
         if problem["n"] % 8:  # rows off the 16-byte boundary: each seed with row_align=peeled too
             seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
             if problem["batch"] == 1:
@@ -266,15 +275,15 @@ class Hgemv(GemvFamily):
         """Another shape's winner with the batch tile of this batch (a batch-1 winner as it is
         would read the weights once per vector); on long rows off the 16-byte boundary, a winner
         that would read them element by element (row_align=scalar where its packs do not divide
-        n: a shape on the boundary's) takes its peeled twin where the space has one, else this
-        shape's default (the scalar rows' cost: docs/families/hgemv.md)."""
-        params = {**params, "batch_tile": batch_tile_for(problem["batch"])}
+        n: a shape on the boundary's) takes its peeled twin (the scalar rows' cost:
+        docs/families/hgemv.md). Where the space has no such point (rows in flight past 4
+        vectors, say), this shape's default."""
         pack = 8 if params["x_path"] == "mma" else params["pack_width"]
         odd_long_rows = problem["n"] % 8 != 0 and problem["n"] >= 1024
         if odd_long_rows and params["row_align"] == "scalar" and problem["n"] % pack:
-            twin = {**params, "row_align": "peeled"}
-            return twin if not SPACE.violations(twin) else self.default_config(problem).as_dict()
-        return params
+            params = {**params, "row_align": "peeled"}
+        params = {**params, "batch_tile": batch_tile_for(problem["batch"], params)}
+        return self.default_config(problem).as_dict() if SPACE.violations(params) else params
 
     # --- geometry -------------------------------------------------------------------------
     def rows_per_block(self, config: Config) -> int:
@@ -314,7 +323,7 @@ class Hgemv(GemvFamily):
                   or split_reason(problem, config, self.row_blocks(problem, config)))
         if reason:
             return reason
-        wanted = batch_tile_for(problem["batch"])
+        wanted = batch_tile_for(problem["batch"], config)
         if config["batch_tile"] != wanted:
             return (f"batch_tile={config['batch_tile']} for batch={problem['batch']}: batch_tile={wanted} "
                     + ("reads the weights once" if problem["batch"] <= MAX_TILE else "reads them fewest times")

@@ -45,8 +45,9 @@ def sample_configs() -> list:
     # The batch-1 seeds of short and long rows, and their tail=peeled twins.
     for n in (4096, 14336):
         chosen.update(FAMILY.seed_configs(FAMILY.problem(m=64, n=n, batch=1)))
-    # Rows off the 16-byte boundary: the defaults (rows in flight at batches 1-2) and seeds with row_align=peeled.
-    for batch in (1, 2, 4, 8):
+    # Rows off the 16-byte boundary: the defaults (rows in flight at batches 1-2) and seeds with
+    # row_align=peeled (rows in flight at 3 and 4 too).
+    for batch in (1, 2, 3, 4, 8):
         chosen.update(FAMILY.seed_configs(FAMILY.problem(m=64, n=4099, batch=batch)))
     mma = [c for c in configs if c["x_path"] == "mma"]
     for key in {(c["threads_per_row"], c["rows_per_group"], c["unroll"]) for c in mma}:

@@ -40,15 +40,16 @@ def test_space_size_and_every_issue_parameter():
     # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
     # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks); the
     # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early);
-    # and 270 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x 3
-    # pack widths x 3 unrolls x batch tiles 1, 2, 4, one row a warp, chunk schedule, checked
-    # tail, shuffles)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 270
+    # and 360 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x 3
+    # pack widths x 3 unrolls x batch tiles 1 to 4 (3 theirs alone), one row a warp, chunk
+    # schedule, checked tail, shuffles)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 360
     early = [c for c in CONFIGS if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
     flight = [c for c in CONFIGS if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
-    assert len(flight) == 270 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 and c["rows_per_group"] == 1
+    assert len(flight) == 360 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 and c["rows_per_group"] == 1
                                       for c in flight)
+    assert all(c in flight for c in CONFIGS if c["batch_tile"] == 3)
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head, and
     # through x_path=ldg only the rows in flight
     assert all(c["x_path"] != "ldg" or c in flight for c in CONFIGS if c["row_align"] == "peeled")
@@ -237,6 +238,43 @@ def test_search_times_only_the_tile_that_covers_the_batch(batch, tile):
         assert (reason is None) == (choice == tile), (choice, reason)
         if reason:
             assert f"batch_tile={choice} for batch={batch}" in reason
+
+
+@pytest.mark.parametrize("batch, tile", [(1, 1), (2, 2), (3, 3), (4, 4), (5, 8)])
+def test_rows_in_flight_take_a_tile_of_three_for_three_vectors(batch, tile):
+    # rows in flight read x in whole units only when the launch covers the batch exactly: a batch
+    # of 3 takes a tile of 3 there (a tile of 4 would read it element by element); other forms
+    # index x by powers of two and keep the tile of 4
+    flight = dict(row_align="peeled", x_path="ldg", threads_per_row=128, unroll=2)
+    assert batch_tile_for(batch, flight) == tile
+    assert batch_tile_for(batch, dict(FAMILY.default_params)) == (4 if batch == 3 else tile)
+    problem = FAMILY.problem(m=3000, n=4099, batch=batch)
+    for choice in (1, 2, 3, 4):
+        reason = FAMILY.reject_reason(problem, config(batch_tile=choice, **flight))
+        assert (reason is None) == (choice == tile), (choice, reason)
+    assert "batch_tile=3 needs row_align=peeled with x_path=ldg" in FAMILY.space.violations(
+        dict(FAMILY.default_params, batch_tile=3))[0]
+
+
+def test_a_rows_in_flight_winner_is_adapted_to_each_batch():
+    flight = dict(FAMILY.default_params, row_align="peeled", threads_per_row=128, unroll=2)
+    for batch in (1, 2, 3, 4):
+        adapted = FAMILY.seed_from(FAMILY.problem(m=3000, n=4099, batch=batch), flight)
+        assert adapted == {**flight, "batch_tile": batch}
+    # past 4 vectors rows in flight have no tile: the shape's default (tensor cores)
+    eight = FAMILY.problem(m=3000, n=4099, batch=8)
+    assert FAMILY.seed_from(eight, flight) == FAMILY.default_config(eight).as_dict()
+    # a winner of aligned rows read whole becomes rows in flight on odd rows, with its tile of 3
+    scalar = dict(flight, row_align="scalar")
+    assert FAMILY.seed_from(FAMILY.problem(m=3000, n=4099, batch=3), scalar) == {**flight, "batch_tile": 3}
+
+
+def test_three_and_four_vectors_on_long_odd_rows_seed_rows_in_flight():
+    for batch in (3, 4):
+        seeds = FAMILY.seed_configs(FAMILY.problem(m=3000, n=4099, batch=batch))
+        assert seeds[0]["x_path"] == "mma"  # the default stays on the tensor cores
+        flight = [c for c in seeds if c["x_path"] == "ldg" and c["row_align"] == "peeled"]
+        assert [c["batch_tile"] for c in flight] == [batch]
 
 
 def test_search_prunes_row_groups_that_overshoot_short_rows():

@@ -72,10 +72,13 @@ def test_a_neighbours_winner_is_served_as_the_family_adapts_it():
     assert _served_config(hgemv, odd, "exact", winner).as_dict() == stored
     for step in ("nearest", "arch"):
         assert _served_config(hgemv, odd, step, winner) == hgemv.default_config(odd)  # rows in flight
-    # re-tiled for two vectors, tail=peeled is one vector's only: served as stored
+    # re-tiled for two vectors, tail=peeled is one vector's only: hgemv adapts it to the shape's default
     aligned_two = hgemv.problem(m=4096, n=4096, batch=2)
-    assert _served_config(hgemv, aligned_two, "nearest", winner).as_dict() == stored
+    assert _served_config(hgemv, aligned_two, "nearest", winner) == hgemv.default_config(aligned_two)
     assert _served_config(hgemv, aligned_two, "default", None) == hgemv.default_config(aligned_two)
+    # an adaptation outside the space is not served: the stored winner is
+    outside = SimpleNamespace(space=hgemv.space, seed_from=lambda problem, params: {**params, "batch_tile": 3})
+    assert _served_config(outside, aligned_two, "nearest", winner).as_dict() == stored
     # families that adapt nothing serve the neighbour's winner as it is
     sgemv_winner = SimpleNamespace(trial=SimpleNamespace(params=dict(SGEMV.default_params)))
     assert _served_config(SGEMV, SGEMV.problem(m=8192, n=16), "nearest", sgemv_winner) == SGEMV.default_config()
