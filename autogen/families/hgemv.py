@@ -177,13 +177,13 @@ ROWS_IN_FLIGHT_SEEDS = tuple(dict(threads_per_row=tpr, pack_width=8, warps_per_b
                              for tpr in (128, 256))
 
 
-# Long rows off the 16-byte boundary: rows in flight, four warps a row, two rows a block, fewer packs
+# Long rows off the 16-byte boundary: rows in flight, four warps a row, one row a block, fewer packs
 # a pass as the vectors' x takes the registers. The default at one or two vectors, a seed at three
-# and four (why: docs/families/hgemv.md, "Defaults").
+# (at four they ran at half the tensor cores' speed: why, docs/families/hgemv.md, "Defaults").
 ROWS_IN_FLIGHT_DEFAULT = {batch: dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=1,
                                       unroll=unroll, x_path="ldg", reduce="shfl", batch_tile=batch,
                                       load_schedule="chunk", tail="checked", row_align="peeled")
-                          for batch, unroll in ((1, 4), (2, 2), (3, 2), (4, 1))}
+                          for batch, unroll in ((1, 4), (2, 2), (3, 1))}
 
 
 def _tensor_core_params(problem: Problem) -> dict:
@@ -244,7 +244,7 @@ class Hgemv(GemvFamily):
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The default, then for one vector the BATCH1_SEEDS of its row length, then the twins
         of each (row_align=peeled on rows off the 16-byte boundary, where one vector also gets
-        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS, and three or four vectors rows in flight;
+        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS, and three vectors rows in flight;
         split_k=2, min_blocks, tail=peeled):
         docs/families/hgemv.md, "Defaults", says which shapes each seed won."""
         default = self.default_config(problem)
