@@ -48,10 +48,13 @@ TENSOR_CORES = [dict(threads_per_row=256, warps_per_block=8, rows_per_group=1, u
 # (load_schedule=early), a warp or two a row, 4 packs a lane (8 and 16 lost to these: the history).
 EARLY_ROWS = [dict(threads_per_row=tpr, warps_per_block=wpb, unroll=4) for tpr, wpb in ((32, 8), (64, 8), (32, 4))]
 # Rows in flight (row_align=peeled through the read-only path, batch tiles 1 to 4): 2 to 8 warps a row,
-# 1 to 4 rows a block, 1 to 4 packs a lane per pass (fewer with more vectors: their x takes the
+# 1 to 4 row groups a block, 1 to 4 packs a lane per pass (fewer with more vectors: their x takes the
 # registers).
 IN_FLIGHT = ((64, 4), (64, 8), (128, 4), (128, 8), (256, 8))
 IN_FLIGHT_UNROLLS = {1: (2, 4), 2: (1, 2, 4), 3: (1, 2), 4: (1, 2)}
+# Rows a group (pack_width apart, sharing each load of x), where the weights in flight fit: the space
+# leaves out the rest.
+IN_FLIGHT_GROUPS = (1, 2, 4)
 SIDES = ("peeled", "scalar", "rows", "flight")
 
 
@@ -73,8 +76,8 @@ def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
     flight_tile = batch_tile_for(batch, dict(x_path="ldg", row_align="peeled"))
     if flight_tile in IN_FLIGHT_UNROLLS:
         rows += [("flight", dict(threads_per_row=tpr, warps_per_block=wpb, unroll=unroll, x_path="ldg", pack_width=8,
-                                 rows_per_group=1, batch_tile=flight_tile, row_align="peeled"))
-                 for tpr, wpb in IN_FLIGHT for unroll in IN_FLIGHT_UNROLLS[flight_tile]]
+                                 rows_per_group=group, batch_tile=flight_tile, row_align="peeled"))
+                 for tpr, wpb in IN_FLIGHT for unroll in IN_FLIGHT_UNROLLS[flight_tile] for group in IN_FLIGHT_GROUPS]
     return rows
 
 

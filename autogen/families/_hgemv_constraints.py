@@ -80,14 +80,15 @@ def peeled_rows_stage_x(p) -> str | None:
     # row_align=peeled: x_path smem and mma stage x shifted by the block's head in shared memory;
     # x_path=ldg takes its own body (templates/hgemv/rows_in_flight.cu.j2): whole warps a row, each
     # pass's packs and x requested before any multiply-add, the warps' sums added in shared memory.
-    # Its own loop: no row groups, step schedule, unchecked tail or tree reduction; batch tiles 1 to
-    # 4 (8 vectors' x of a pack would hold 36 words a pack in flight).
+    # Its own loop: no step schedule, unchecked tail or tree reduction; batch tiles 1 to 4 (8
+    # vectors' x of a pack would hold 36 words a pack in flight); row groups of rows pack_width
+    # apart, which share each load of x (values_fit_registers bounds them).
     if not rows_in_flight(p):
         return None
     if p["threads_per_row"] < 32:
         return "row_align=peeled with x_path=ldg takes whole warps a row: threads_per_row >= 32"
-    if p["rows_per_group"] != 1 or p["batch_tile"] > 4:
-        return "row_align=peeled with x_path=ldg computes one row a warp, up to 4 vectors: rows_per_group=1, batch_tile <= 4"
+    if p["batch_tile"] > 4:
+        return "row_align=peeled with x_path=ldg computes up to 4 vectors: batch_tile <= 4"
     if p["load_schedule"] != "chunk" or p["tail"] != "checked" or p["reduce"] != "shfl":
         return "row_align=peeled with x_path=ldg has its own loop: load_schedule=chunk, tail=checked, reduce=shfl"
     return None

@@ -16,7 +16,7 @@ from autogen.core.dtypes import to_float64, to_storage
 from autogen.errors import ArgumentError, InvalidConfigError, UsageError
 from autogen.export.writer import entry_symbol
 from autogen.core.registry import get_family
-from autogen.families.hgemv import GUARD, SMALLEST_NORMAL, TOLERANCES, _rank, batch_tile_for
+from autogen.families.hgemv import GUARD, SMALLEST_NORMAL, TOLERANCES, _rank, alignment_period, batch_tile_for
 from autogen.core.render import render
 from family_checks import held
 
@@ -40,15 +40,15 @@ def test_space_size_and_every_issue_parameter():
     # the 280 of 256-thread blocks of each a_buffers bounded for 2 blocks per SM, and the 168 of
     # them with one register set of A and rows_per_group * unroll <= 2 for 3 (min_blocks); the
     # 4688 x_path=smem ones of the chunk schedule again requesting A before x is staged (early);
-    # and 360 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x 3
-    # pack widths x 3 unrolls x batch tiles 1 to 4 (3 theirs alone), one row a warp, chunk
-    # schedule, checked tail, shuffles)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 360
+    # and 920 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x
+    # batch tiles 1 to 4 (3 theirs alone) x the 23 of pack width, rows per group and unroll whose
+    # weights in flight fit (rows_per_group * unroll * pack_width <= 32), chunk schedule, checked
+    # tail, shuffles)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920
     early = [c for c in CONFIGS if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
     flight = [c for c in CONFIGS if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
-    assert len(flight) == 360 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 and c["rows_per_group"] == 1
-                                      for c in flight)
+    assert len(flight) == 920 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 for c in flight)
     assert all(c in flight for c in CONFIGS if c["batch_tile"] == 3)
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head, and
     # through x_path=ldg only the rows in flight
@@ -143,7 +143,10 @@ def test_launch_grid_covers_every_row(m):
         assert launch.block == (32 * c["warps_per_block"], 1, 1)
         blocks = launch.grid[0] // c["split_k"]  # a cluster of split_k blocks per block of rows
         assert blocks * c["split_k"] == launch.grid[0]
-        assert (blocks - 1) * rows < m <= blocks * rows
+        # whole windows of `period` blocks (rows in flight with row groups: rows pack_width apart)
+        period = alignment_period(problem, c)
+        windows, rest = divmod(blocks, period)
+        assert rest == 0 and (windows - 1) * rows * period < m <= windows * rows * period
 
 
 @pytest.mark.parametrize("batch, tile, starts", [
@@ -1006,18 +1009,18 @@ def test_peeled_rows_render_the_same_mapping_and_host_grid():
     assert FAMILY.launch(FAMILY.problem(m=3000, n=4096), c).grid == (188, 1, 1)
     with pytest.raises(InvalidConfigError, match="row_align=peeled with x_path=ldg takes whole warps a row"):
         config(row_align="peeled", threads_per_row=16)
-    with pytest.raises(InvalidConfigError, match="one row a warp, up to 4 vectors"):
+    with pytest.raises(InvalidConfigError, match="computes up to 4 vectors"):
         config(row_align="peeled", batch_tile=8)
 
 
-def test_rows_in_flight_render_their_own_body_on_consecutive_rows():
-    # row_align=peeled through x_path=ldg: whole warps a row, rows of a block consecutive (no
-    # windows of blocks), each warp's share of the packs and their x requested before the math
+def test_rows_in_flight_render_their_own_body():
+    # row_align=peeled through x_path=ldg: whole warps a row, one row a group on consecutive rows
+    # (no windows of blocks), each warp's share of the packs and their x requested before the math
     c = config(x_path="ldg", row_align="peeled", threads_per_row=128, warps_per_block=8, unroll=4)
     source = render(FAMILY, "float16", c, host_launcher=True)
-    for fragment in ("constexpr int WPR = 4;", "constexpr int ROWS = 2;", "constexpr int BT = 1;",
-                     "ld.global.L1::evict_first.v4.u32", "__shared__ float warp_sum[BT][8];",
-                     "const dim3 grid((unsigned int)((m - 1) / 2 + 1));"):
+    for fragment in ("constexpr int WPR = 4;", "constexpr int GROUPS = 2;", "constexpr int RPG = 1;",
+                     "constexpr int BT = 1;", "ld.global.L1::evict_first.v4.u32",
+                     "__shared__ float warp_sum[RPG][BT][8];", "const dim3 grid((unsigned int)((m - 1) / 2 + 1));"):
         assert fragment in source, fragment
     # one rendering of the passes per offset of x from a unit boundary: 8 at one vector, 2 at four
     assert source.count("asm volatile(\"ld.global.v4.u32") == 8 * 2 - 1  # units p and, shifted, p + 1
@@ -1031,6 +1034,30 @@ def test_rows_in_flight_render_their_own_body_on_consecutive_rows():
     # one warp a row: no shared memory, no barrier
     one = render(FAMILY, "bfloat16", config(x_path="ldg", row_align="peeled", threads_per_row=32, pack_width=4))
     assert "__syncthreads" not in one and "ld.global.L1::evict_first.v2.u32" in one
+    # two rows a group, 8 apart: windows of 8 blocks of 2 groups, in the host launcher as in autogen
+    pair = config(x_path="ldg", row_align="peeled", threads_per_row=128, warps_per_block=8, unroll=2, rows_per_group=2)
+    assert "const dim3 grid((unsigned int)(((m - 1) / (32) + 1) * 8));" in render(FAMILY, "float16", pair,
+                                                                                  host_launcher=True)
+    assert FAMILY.launch(FAMILY.problem(m=1000, n=4103), pair).grid == (256, 1, 1)  # 32 windows of 8 blocks
+
+
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 31, 33, 1000, 3001])
+@pytest.mark.parametrize("tpr, wpb, rpg, pw", [(128, 8, 2, 8), (32, 8, 4, 8), (64, 2, 2, 4), (256, 8, 4, 2),
+                                               (32, 4, 1, 8)])
+def test_rows_in_flight_groups_cover_every_row_once(m, tpr, wpb, rpg, pw):
+    # the template's map from (block, group in block) to its rows, over the grid autogen launches:
+    # each row 0..m-1 exactly once, and a group's rows pack_width apart (the same offset from a
+    # pack boundary, so the same x)
+    c = config(x_path="ldg", row_align="peeled", threads_per_row=tpr, warps_per_block=wpb, rows_per_group=rpg,
+               pack_width=pw, unroll=1)
+    source = render(FAMILY, "float16", c)
+    assert "const long long first_row = (group / PW) * (PW * RPG) + group % PW;" in source
+    assert "row[i] = first_row + (long long)PW * i;" in source
+    groups_per_block = 32 * wpb // tpr
+    blocks = FAMILY.launch(FAMILY.problem(m=m, n=4099), c).grid[0]
+    rows = [(g // pw) * (pw * rpg) + g % pw + pw * i for g in range(blocks * groups_per_block) for i in range(rpg)]
+    live = [r for r in rows if r < m]
+    assert sorted(live) == list(range(m))
 
 
 def test_old_points_render_without_row_align():
