@@ -174,20 +174,20 @@ BATCH1_SEEDS = (
 ODD_ROWS_SEED = dict(threads_per_row=32, pack_width=8, warps_per_block=8, rows_per_group=1, unroll=4, x_path="smem",
                      reduce="shfl", load_schedule="early", row_align="peeled")
 # And rows in flight (row_align=peeled through the read-only path, templates/hgemv/rows_in_flight.cu.j2):
-# four or eight warps a row, each with its share of the row's packs and their x requested at once
-# (measured: docs/families/hgemv.md, "Rows in flight").
-ROWS_IN_FLIGHT_SEEDS = tuple(dict(threads_per_row=tpr, pack_width=8, warps_per_block=8, rows_per_group=1, unroll=4,
+# four or two warps a row, one row a group, four packs a pass: beside the default's row groups, the
+# best of the one-row forms on the odd shapes measured (docs/families/hgemv.md, "Rows in flight").
+ROWS_IN_FLIGHT_SEEDS = tuple(dict(threads_per_row=tpr, pack_width=8, warps_per_block=4, rows_per_group=1, unroll=4,
                                   x_path="ldg", reduce="shfl", load_schedule="chunk", tail="checked", row_align="peeled")
-                             for tpr in (128, 256))
+                             for tpr in (128, 64))
 
 
-# Long rows off the 16-byte boundary: rows in flight, four warps a row, one row a block, fewer packs
-# a pass as the vectors' x takes the registers. The default at one or two vectors, a seed at three
-# (at four they ran at half the tensor cores' speed: why, docs/families/hgemv.md, "Defaults").
-ROWS_IN_FLIGHT_DEFAULT = {batch: dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=1,
+# Untuned long rows off the 16-byte boundary, one to four vectors: rows in flight, four warps a row,
+# row groups of two rows (four at four vectors: more rows share each load of x as the vectors' x
+# grows), fewer packs a pass as x takes the registers (why: docs/families/hgemv.md, "Defaults").
+ROWS_IN_FLIGHT_DEFAULT = {batch: dict(threads_per_row=128, pack_width=8, warps_per_block=4, rows_per_group=group,
                                       unroll=unroll, x_path="ldg", reduce="shfl", batch_tile=batch,
                                       load_schedule="chunk", tail="checked", row_align="peeled")
-                          for batch, unroll in ((1, 4), (2, 2), (3, 1))}
+                          for batch, group, unroll in ((1, 2, 2), (2, 2, 2), (3, 2, 1), (4, 4, 1))}
 
 
 def _tensor_core_params(problem: Problem) -> dict:
@@ -229,7 +229,7 @@ class Hgemv(GemvFamily):
 
     def default_config(self, problem: Problem | None = None) -> Config:
         """Untuned, a batch is served in one launch (the batch tile that covers it): one vector
-        on long rows with 4 packs in flight; on long rows off the 16-byte boundary, one or two
+        on long rows with 4 packs in flight; on long rows off the 16-byte boundary, one to four
         vectors as rows in flight (ROWS_IN_FLIGHT_DEFAULT); other batches on the tensor cores
         (x_path=mma), 8 warps per 16-row tile on rows of >= 512 columns (why:
         docs/families/hgemv.md, "Defaults")."""
@@ -237,7 +237,7 @@ class Hgemv(GemvFamily):
         if problem is not None:
             params["batch_tile"] = batch_tile_for(problem["batch"])
             odd = problem["n"] % 8 != 0 and problem["n"] >= 1024
-            if odd and problem["batch"] <= 2:  # (at 3 and 4 a seed: seed_configs)
+            if odd and problem["batch"] in ROWS_IN_FLIGHT_DEFAULT:
                 params.update(ROWS_IN_FLIGHT_DEFAULT[problem["batch"]])
             elif problem["batch"] == 1 and problem["n"] >= 1024 and not odd:
                 params["unroll"] = 4
@@ -248,8 +248,7 @@ class Hgemv(GemvFamily):
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The default, then for one vector the BATCH1_SEEDS of its row length, then the twins
         of each (row_align=peeled on rows off the 16-byte boundary, where one vector also gets
-        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS, and three vectors rows in flight;
-        split_k=2, min_blocks, tail=peeled):
+        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS; split_k=2, min_blocks, tail=peeled):
         docs/families/hgemv.md, "Defaults", says which shapes each seed won."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
@@ -257,9 +256,8 @@ class Hgemv(GemvFamily):
         seeds = [default] + [self.space.check({**default.as_dict(), "row_align": "scalar", **params})
                              for params in extra]
         if default["x_path"] == "ldg" and default["row_align"] == "peeled":  # rows in flight: the tensor cores too
-            seeds.append(self.space.check({**default.as_dict(), **_tensor_core_params(problem), "reduce": "shfl"}))
-        elif problem["n"] % 8 and problem["n"] >= 1024 and problem["batch"] in ROWS_IN_FLIGHT_DEFAULT:
-            seeds.append(self.space.check({**default.as_dict(), **ROWS_IN_FLIGHT_DEFAULT[problem["batch"]]}))
+            seeds.append(self.space.check({**default.as_dict(), **_tensor_core_params(problem), "reduce": "shfl",
+                                           "rows_per_group": 1, "batch_tile": batch_tile_for(problem["batch"])}))
         if problem["n"] % 8:  # rows off the 16-byte boundary: each seed with row_align=peeled too
             seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
             if problem["batch"] == 1:

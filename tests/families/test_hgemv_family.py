@@ -272,14 +272,6 @@ def test_a_rows_in_flight_winner_is_adapted_to_each_batch():
     assert FAMILY.seed_from(FAMILY.problem(m=3000, n=4099, batch=3), scalar) == {**flight, "batch_tile": 3}
 
 
-def test_three_vectors_on_long_odd_rows_seed_rows_in_flight():
-    for batch, tiles in ((3, [3]), (4, [])):
-        seeds = FAMILY.seed_configs(FAMILY.problem(m=3000, n=4099, batch=batch))
-        assert seeds[0]["x_path"] == "mma"  # the default stays on the tensor cores
-        flight = [c for c in seeds if c["x_path"] == "ldg" and c["row_align"] == "peeled"]
-        assert [c["batch_tile"] for c in flight] == tiles
-
-
 def test_search_prunes_row_groups_that_overshoot_short_rows():
     problem = FAMILY.problem(m=16384, n=16)
     wide = config(threads_per_row=256, warps_per_block=8)
@@ -1070,23 +1062,22 @@ def test_old_points_render_without_row_align():
 
 
 def test_rows_off_the_boundary_default_to_rows_in_flight_then_tensor_cores_with_peeled_rows():
-    # one or two vectors: rows in flight (x_path=ldg, row_align=peeled); more: the tensor cores
-    for batch in (1, 2):
+    # one to four vectors: rows in flight (x_path=ldg, row_align=peeled) in row groups; more: the tensor cores
+    for batch, group, unroll in ((1, 2, 2), (2, 2, 2), (3, 2, 1), (4, 4, 1)):
         c = FAMILY.default_config(FAMILY.problem(m=3000, n=4099, batch=batch))
         assert (c["x_path"], c["row_align"], c["threads_per_row"], c["warps_per_block"], c["batch_tile"]) == (
             "ldg", "peeled", 128, 4, batch)
-        assert c["unroll"] == (4 if batch == 1 else 2)
-        # the tensor-core form the default was before is seeded beside it
+        assert (c["rows_per_group"], c["unroll"]) == (group, unroll)
+        # the tensor-core form the default was before is seeded beside it, with its own tile
         seeds = FAMILY.seed_configs(FAMILY.problem(m=3000, n=4099, batch=batch))
         assert any(s["x_path"] == "mma" and s["row_align"] == "peeled" and s["threads_per_row"] == 256
-                   and s["batch_tile"] == batch and s["split_k"] == 1 for s in seeds)
-    for batch in (3, 8):
-        c = FAMILY.default_config(FAMILY.problem(m=3000, n=4099, batch=batch))
-        assert c["x_path"] == "mma" and c["row_align"] == "peeled" and c["batch_tile"] == batch_tile_for(batch)
+                   and s["batch_tile"] == batch_tile_for(batch) and s["split_k"] == 1 for s in seeds)
+    c = FAMILY.default_config(FAMILY.problem(m=3000, n=4099, batch=8))
+    assert c["x_path"] == "mma" and c["row_align"] == "peeled" and c["batch_tile"] == 8
     seeds = FAMILY.seed_configs(FAMILY.problem(m=3000, n=4099, batch=1))
     assert any(s["row_align"] == "peeled" and s["x_path"] == "smem" for s in seeds)
-    assert {(s["threads_per_row"], s["warps_per_block"], s["unroll"]) for s in seeds
-            if s["x_path"] == "ldg" and s["row_align"] == "peeled"} == {(128, 4, 4), (128, 8, 4), (256, 8, 4)}
+    assert {(s["threads_per_row"], s["warps_per_block"], s["rows_per_group"], s["unroll"]) for s in seeds
+            if s["x_path"] == "ldg" and s["row_align"] == "peeled"} == {(128, 4, 2, 2), (128, 4, 1, 4), (64, 4, 1, 4)}
     # short odd rows and aligned rows keep theirs
     assert FAMILY.default_config(FAMILY.problem(m=3000, n=1003, batch=1))["row_align"] == "scalar"
     assert FAMILY.default_config(FAMILY.problem(m=3000, n=4096, batch=1))["row_align"] == "scalar"
