@@ -118,8 +118,8 @@ def alignment_period(problem: Problem, config: Config) -> int:
     """Blocks per window of rows: with row_align=peeled on rows of n % pack != 0 columns, each of a
     window's `pack` blocks takes the rows of one offset from a pack boundary (the template's
     by_class; x_path smem and mma, which stage x shifted by it); rows in flight with several rows
-    a group take windows of pack_width * rows_per_group rows whatever n (a group's rows are
-    pack_width apart: rows_in_flight.cu.j2); otherwise 1."""
+    a group take windows of pack_width blocks whatever n (a group's rows are pack_width apart:
+    rows_in_flight.cu.j2); otherwise 1."""
     if rows_in_flight(config):
         return config["pack_width"] if config["rows_per_group"] > 1 else 1
     if config["row_align"] != "peeled":
