@@ -1050,6 +1050,15 @@ def test_rows_in_flight_groups_cover_every_row_once(m, tpr, wpb, rpg, pw):
     rows = [(g // pw) * (pw * rpg) + g % pw + pw * i for g in range(blocks * groups_per_block) for i in range(rpg)]
     live = [r for r in rows if r < m]
     assert sorted(live) == list(range(m))
+    # the exported host launcher's grid (C integer arithmetic) is the same
+    host = render(FAMILY, "float16", c, host_launcher=True)
+    windowed = re.search(r"const dim3 grid\(\(unsigned int\)\(\(\(m - 1\) / \((\d+)\) \+ 1\) \* (\d+)\)\);", host)
+    consecutive = re.search(r"const dim3 grid\(\(unsigned int\)\(\(m - 1\) / (\d+) \+ 1\)\);", host)
+    if windowed:
+        rows_per_window, period = map(int, windowed.groups())
+        assert ((m - 1) // rows_per_window + 1) * period == blocks
+    else:
+        assert rpg == 1 and ((m - 1) // int(consecutive.group(1)) + 1) == blocks
 
 
 def test_old_points_render_without_row_align():
