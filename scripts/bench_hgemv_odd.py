@@ -55,8 +55,6 @@ IN_FLIGHT_UNROLLS = {1: (2, 4), 2: (1, 2, 4), 3: (1, 2), 4: (1, 2)}
 # Rows a group (pack_width apart, sharing each load of x), where the weights in flight fit: the space
 # leaves out the rest.
 IN_FLIGHT_GROUPS = (1, 2, 4)
-# Register sets of A: 2 requests the next pass's A before this pass's math (where both sets fit).
-IN_FLIGHT_BUFFERS = (1, 2)
 SIDES = ("peeled", "scalar", "rows", "flight")
 
 
@@ -78,9 +76,8 @@ def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
     flight_tile = batch_tile_for(batch, dict(x_path="ldg", row_align="peeled"))
     if flight_tile in IN_FLIGHT_UNROLLS:
         rows += [("flight", dict(threads_per_row=tpr, warps_per_block=wpb, unroll=unroll, x_path="ldg", pack_width=8,
-                                 rows_per_group=group, batch_tile=flight_tile, row_align="peeled", a_buffers=sets))
-                 for tpr, wpb in IN_FLIGHT for unroll in IN_FLIGHT_UNROLLS[flight_tile] for group in IN_FLIGHT_GROUPS
-                 for sets in IN_FLIGHT_BUFFERS]
+                                 rows_per_group=group, batch_tile=flight_tile, row_align="peeled"))
+                 for tpr, wpb in IN_FLIGHT for unroll in IN_FLIGHT_UNROLLS[flight_tile] for group in IN_FLIGHT_GROUPS]
     return rows
 
 

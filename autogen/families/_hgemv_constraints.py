@@ -113,17 +113,10 @@ BOUND_THREADS = REGISTERS_PER_SM // 128
 
 
 def tensor_core_registers(p) -> str | None:
-    # A register bound changes the mma loop only; a second register set of A, the mma loop and
-    # rows in flight's (the other CUDA-core loops keep theirs: docs/families/hgemv.md, a_buffers
-    # and min_blocks). Rows in flight hold both sets' weights: at most 32 a lane, as one set's.
-    if p["x_path"] != "mma" and p["min_blocks"] != 1:
-        return "min_blocks shapes the tensor-core loop: x_path=mma only"
-    if p["a_buffers"] == 2 and p["x_path"] != "mma":
-        if not rows_in_flight(p):
-            return "a_buffers=2 shapes the tensor-core loop and rows in flight: x_path=mma, or row_align=peeled with x_path=ldg only"
-        in_flight = 2 * p["rows_per_group"] * p["unroll"] * p["pack_width"]
-        if in_flight > 32:
-            return f"a_buffers=2 holds 2*rows_per_group*unroll*pack_width={in_flight} weights a lane, over 32"
+    # A second register set of A, and a register bound, change the mma loop only (the CUDA-core
+    # loops keep theirs: docs/families/hgemv.md, a_buffers and min_blocks).
+    if p["x_path"] != "mma" and (p["a_buffers"] != 1 or p["min_blocks"] != 1):
+        return "a_buffers and min_blocks shape the tensor-core loop: x_path=mma only"
     threads = p["min_blocks"] * 32 * p["warps_per_block"]
     if p["min_blocks"] > 1 and threads < BOUND_THREADS:
         return (f"min_blocks={p['min_blocks']} blocks of {32 * p['warps_per_block']} threads leave each "

@@ -43,14 +43,12 @@ def test_space_size_and_every_issue_parameter():
     # and 920 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x
     # batch tiles 1 to 4 (3 theirs alone) x the 23 of pack width, rows per group and unroll whose
     # weights in flight fit (rows_per_group * unroll * pack_width <= 32), chunk schedule, checked
-    # tail, shuffles), 680 of them (the 17 combinations whose weights fit twice) again with a
-    # second register set of A (a_buffers=2)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920 + 680
+    # tail, shuffles)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920
     early = [c for c in CONFIGS if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
     flight = [c for c in CONFIGS if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
-    assert len(flight) == 920 + 680 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 for c in flight)
-    assert all(2 * c["rows_per_group"] * c["unroll"] * c["pack_width"] <= 32 for c in flight if c["a_buffers"] == 2)
+    assert len(flight) == 920 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 for c in flight)
     assert all(c in flight for c in CONFIGS if c["batch_tile"] == 3)
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head, and
     # through x_path=ldg only the rows in flight
@@ -1035,27 +1033,6 @@ def test_rows_in_flight_render_their_own_body():
     assert FAMILY.launch(FAMILY.problem(m=1000, n=4103), pair).grid == (256, 1, 1)  # 32 windows of 8 blocks
 
 
-def test_rows_in_flight_with_two_sets_of_a_request_the_next_pass_first():
-    # a_buffers=2: each pass requests the next pass's packs into the other register set before
-    # reading its own x; two passes a loop iteration (aw, then an), nothing copied between sets
-    c = config(x_path="ldg", row_align="peeled", threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=1,
-               batch_tile=3, a_buffers=2)
-    assert FAMILY.kernel_name("float16", c).endswith("_bt3_rapeeled_ab2")
-    source = render(FAMILY, "float16", c)
-    assert "unsigned int an[RPG][UNROLL][WORDS];" in source
-    loop = source[source.index("Two register sets of A, in turn"):]
-    loop = loop[:loop.index("p0 += 32 * UNROLL;", loop.index("p0 += 32 * UNROLL;") + 1)]
-    next_pass = "const int p = p0 + 32 * UNROLL + lane + 32 * k;"
-    assert loop.index(next_pass) < loop.index("xu[k]")  # the next pass's A before this pass's x
-    assert "half_at(aw[r][k], e)" in loop and "half_at(an[r][k], e)" in loop
-    assert "an[" not in render(FAMILY, "float16", config(x_path="ldg", row_align="peeled", threads_per_row=128,
-                                                           warps_per_block=4, rows_per_group=2, unroll=1, batch_tile=3))
-    # both sets' weights must fit the 32 a lane that one set may hold
-    with pytest.raises(InvalidConfigError, match="2\\*rows_per_group\\*unroll\\*pack_width=64 weights a lane, over 32"):
-        config(x_path="ldg", row_align="peeled", threads_per_row=128, warps_per_block=4, rows_per_group=2, unroll=2,
-               a_buffers=2)
-
-
 @pytest.mark.parametrize("m", [1, 7, 8, 9, 31, 33, 1000, 3001])
 @pytest.mark.parametrize("tpr, wpb, rpg, pw", [(128, 8, 2, 8), (32, 8, 4, 8), (64, 2, 2, 4), (256, 8, 4, 2),
                                                (32, 4, 1, 8)])
@@ -1258,7 +1235,7 @@ def test_min_blocks_bounds_the_registers_of_the_launch():
     assert "__launch_bounds__(256, 2) hgemv_" in render(FAMILY, "float16", split)
     assert 'void __launch_bounds__(256)\n' in render(FAMILY, "float16", config(x_path="mma", threads_per_row=256,
                                                                                   warps_per_block=8))
-    with pytest.raises(InvalidConfigError, match="x_path=mma, or row_align=peeled with x_path=ldg only"):
+    with pytest.raises(InvalidConfigError, match="x_path=mma only"):
         config(x_path="smem", a_buffers=2)
     with pytest.raises(InvalidConfigError, match="x_path=mma only"):
         config(min_blocks=2)
