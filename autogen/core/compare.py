@@ -14,6 +14,8 @@ from autogen.core.dtypes import round_trip
 def relative_error(xp, out, ref, magnitude=None) -> tuple[float, str]:
     """L2 error of `out` against float64 `ref`, relative to ||magnitude|| (default ||ref||), and
     why it fails (empty if it may pass)."""
+    if hasattr(xp, "ReductionKernel"):
+        return _relative_error_fused(xp, out, ref, magnitude)
     out64 = out.astype(xp.float64)
     finite_ref = xp.isfinite(ref)
     bad = int((~xp.isfinite(out64) & finite_ref).sum())
@@ -27,6 +29,48 @@ def relative_error(xp, out, ref, magnitude=None) -> tuple[float, str]:
     scale = ref if magnitude is None else xp.where(finite_ref, magnitude, 0.0)
     norm = float(xp.linalg.norm(scale))
     diff = float(xp.linalg.norm(out64 - ref))
+    return (diff / norm if norm > 0 else diff), ""
+
+
+# The same rule on the GPU in three reduction kernels instead of about twenty CuPy operations:
+# each operation is a kernel that CuPy compiles on its first use, so with an empty CuPy cache the
+# first check on the device paid seconds for them, in every GPU worker at once (issue 38: that start
+# does not split over GPUs). Measured: docs/distributed.md, "The first check on a device".
+_FUSED_PREAMBLE = r"""
+__device__ unsigned long long special_code(double o, double r) {
+    // 1 counts an output that is NaN/inf where the reference is finite; 1 << 32 one that differs
+    // from a NaN/inf reference (NaN matches NaN).
+    if (isfinite(r)) return isfinite(o) ? 0ull : 1ull;
+    return (o == r || (isnan(o) && isnan(r))) ? 0ull : (1ull << 32);
+}
+__device__ double masked_square(double value, double mask) { return isfinite(mask) ? value * value : 0.0; }
+"""
+_FUSED: dict[str, object] = {}
+
+
+def _fused_kernels(xp) -> tuple:
+    if not _FUSED:
+        kernel = lambda params, expr, name: xp.ReductionKernel(  # noqa: E731
+            params, "float64 total" if "code" not in name else "uint64 total", expr, "a + b", "total = a", "0",
+            name, preamble=_FUSED_PREAMBLE)
+        _FUSED["codes"] = kernel("T out, float64 ref", "special_code((double)out, ref)", "autogen_special_codes")
+        _FUSED["diff"] = kernel("T out, float64 ref", "masked_square((double)out - ref, ref)", "autogen_masked_diff")
+        _FUSED["scale"] = kernel("T scale, float64 ref", "masked_square((double)scale, ref)", "autogen_masked_scale")
+    return _FUSED["codes"], _FUSED["diff"], _FUSED["scale"]
+
+
+def _relative_error_fused(xp, out, ref, magnitude) -> tuple[float, str]:
+    """relative_error's rule on CuPy arrays; the GPU tests hold it to the NumPy path's answers."""
+    codes_kernel, diff_kernel, scale_kernel = _fused_kernels(xp)
+    out, ref = xp.ascontiguousarray(out).ravel(), xp.ascontiguousarray(ref, dtype=xp.float64).ravel()
+    codes = int(codes_kernel(out, ref))
+    if codes & 0xFFFFFFFF:
+        return math.nan, f"{codes & 0xFFFFFFFF} of {out.size} outputs are NaN/inf (unwritten, or poisoned input read)"
+    if codes >> 32:
+        return math.nan, f"{codes >> 32} outputs differ where the reference is NaN/inf"
+    scale = ref if magnitude is None else xp.ascontiguousarray(xp.broadcast_to(magnitude, out.shape)).ravel()
+    norm = math.sqrt(float(scale_kernel(scale, ref)))
+    diff = math.sqrt(float(diff_kernel(out, ref)))
     return (diff / norm if norm > 0 else diff), ""
 
 
