@@ -92,12 +92,37 @@ def checks_on_host(family, problem) -> bool:
             and family.flops(problem) <= HOST_CHECK_FLOPS)
 
 
+@contextlib.contextmanager
+def plain_reductions(xp):
+    """Within: CuPy's reductions (sum, max, norm, any...) run as its own reduction kernels rather
+    than CUB's block reductions, which take seconds each to compile on an empty CuPy cache: the
+    first check on the GPU cost 7.1 s with them and 1.3 s without (docs/distributed.md, "The first
+    check on a device"), in every GPU worker of a cold machine at once. Only the checks run in it:
+    peers built on CuPy reductions (reduce's cupy.sum) keep CuPy's defaults."""
+    if getattr(xp, "__name__", "") != "cupy":
+        yield
+        return
+    from cupy._core import _accelerator
+
+    saved = _accelerator.get_reduction_accelerators()
+    _accelerator.set_reduction_accelerators([])
+    try:
+        yield
+    finally:
+        _accelerator.set_reduction_accelerators(saved)
+
+
 def validate(family, problem, launch: Callable[[dict], None], xp, rng, host_rng=None) -> Check:
     """Run `launch` on fresh random inputs for every validation case of the family. Given
     `host_rng` (a NumPy Generator), a problem that checks_on_host is checked on the host: the
     launch gets the inputs uploaded to `xp` and every array is read back after it."""
     on_host = host_rng is not None and checks_on_host(family, problem)
     check_xp, check_rng = (np, host_rng) if on_host else (xp, rng)
+    with plain_reductions(check_xp):
+        return _validate_cases(family, problem, launch, xp, check_xp, check_rng, on_host)
+
+
+def _validate_cases(family, problem, launch, xp, check_xp, check_rng, on_host: bool) -> Check:
     worst = 0.0
     for case in family.validation_cases(problem):
         inputs = family.make_inputs(problem, check_xp, check_rng, case)
