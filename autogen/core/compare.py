@@ -60,15 +60,18 @@ def _fused_kernels(xp) -> tuple:
 
 
 def _relative_error_fused(xp, out, ref, magnitude) -> tuple[float, str]:
-    """relative_error's rule on CuPy arrays; the GPU tests hold it to the NumPy path's answers."""
+    """relative_error's rule on CuPy arrays (broadcast as NumPy's path broadcasts them); the GPU
+    tests hold it to the NumPy path's answers."""
     codes_kernel, diff_kernel, scale_kernel = _fused_kernels(xp)
-    out, ref = xp.ascontiguousarray(out).ravel(), xp.ascontiguousarray(ref, dtype=xp.float64).ravel()
+    shape = np.broadcast_shapes(out.shape, ref.shape)
+    flat = lambda a, dtype=None: xp.ascontiguousarray(xp.broadcast_to(xp.asarray(a, dtype=dtype), shape)).ravel()  # noqa: E731
+    size, out, ref = out.size, flat(out), flat(ref, xp.float64)
     codes = int(codes_kernel(out, ref))
     if codes & 0xFFFFFFFF:
-        return math.nan, f"{codes & 0xFFFFFFFF} of {out.size} outputs are NaN/inf (unwritten, or poisoned input read)"
+        return math.nan, f"{codes & 0xFFFFFFFF} of {size} outputs are NaN/inf (unwritten, or poisoned input read)"
     if codes >> 32:
         return math.nan, f"{codes >> 32} outputs differ where the reference is NaN/inf"
-    scale = ref if magnitude is None else xp.ascontiguousarray(xp.broadcast_to(magnitude, out.shape)).ravel()
+    scale = ref if magnitude is None else flat(magnitude)
     norm = math.sqrt(float(scale_kernel(scale, ref)))
     diff = math.sqrt(float(diff_kernel(out, ref)))
     return (diff / norm if norm > 0 else diff), ""

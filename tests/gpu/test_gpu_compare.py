@@ -25,6 +25,10 @@ def cases():
     yield "float32, magnitude in float32", near.astype(np.float32), ref, (np.abs(ref) + 1.0).astype(np.float32)
     yield "int32 against integers", np.arange(1000, dtype=np.int32), np.arange(1000, dtype=np.float64) + 0.5, None
     yield "2-D", near.reshape(-1, 1).astype(np.float32)[:10_000].reshape(100, 100), ref[:10_000].reshape(100, 100), None
+    grid = ref[:10_000].reshape(100, 100)
+    yield "2-D, magnitude given", (grid + 1e-4).astype(np.float32), grid, np.abs(grid) + 1.0
+    yield "2-D, magnitude broadcast", (grid + 1e-4).astype(np.float32), grid, np.abs(grid[:, :1]) + 1.0
+    yield "column against row-major", (grid + 1e-4).astype(np.float32)[:, :1], grid[:, :1].copy(), None
     yield "specials matched", np.array([1.0, NAN, -INF, INF], np.float32), np.array([1.0, NAN, -INF, INF]), None
     yield "NaN where finite", np.array([NAN, 2.0, 3.0], np.float32), np.array([1.0, 2.0, 3.0]), None
     yield "inf where finite", np.array([1.0, INF, INF], np.float16), np.array([1.0, 2.0, 3.0]), None
