@@ -304,7 +304,7 @@ def _span(stamps: list) -> float:
 
 
 def scale(args, dbs: Databases) -> dict:
-    out = {"machine": f"{os.cpu_count()} cores, no GPU", "sampler": args.sampler, "runs": []}
+    out = {"machine": f"{os.cpu_count()} cores, the replay aid: no GPU used", "sampler": args.sampler, "runs": []}
     for eval_ms in args.eval_ms:
         base = None
         for workers in args.workers:
@@ -331,7 +331,7 @@ def scale(args, dbs: Databases) -> dict:
 
 
 def cases(args, dbs: Databases) -> dict:
-    out = {"machine": f"{os.cpu_count()} cores, no GPU", "eval_ms": args.eval_ms[0], "cases": {}}
+    out = {"machine": f"{os.cpu_count()} cores, the replay aid: no GPU used", "eval_ms": args.eval_ms[0], "cases": {}}
     shapes8 = [list(s) for s in SHAPES]
     plan = {"shapes_8x60": (shapes8, 60), "one_240": [[[16384, 16]], 240]}
     for name, (shapes, trials) in plan.items():
