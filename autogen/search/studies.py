@@ -134,6 +134,20 @@ def open_study(db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, at
 # How often a worker's writer thread adds its measured variants to the shared study (seconds);
 # the other workers read it every autogen.search.loop.REFRESH_S.
 FLUSH_S = 0.5
+# Each write holds the study's row lock (PostgreSQL) or the file's write lock (SQLite), and every
+# worker writes on its own clock, so the lock's load grows with the workers, not the trials: on 32
+# cores, 32 simulated workers wrote about 1.5 times a second each, holding it about 14 ms a write,
+# and queued behind it (docs/distributed.md, "On 32 cores"). So a worker spaces its writes by
+# FLUSH_SPACING times what its last write took, lock wait included (at most MAX_FLUSH_S): alone it
+# writes every FLUSH_S; where the lock is contended, every worker writes less often, in bigger
+# batches.
+FLUSH_SPACING = 40
+MAX_FLUSH_S = 10.0
+
+
+def flush_interval(last_write_s: float) -> float:
+    """Seconds between a worker's writes to the shared study, after one that took ``last_write_s``."""
+    return min(MAX_FLUSH_S, max(FLUSH_S, FLUSH_SPACING * last_write_s))
 
 
 class StudyWriteError(Exception):
@@ -188,6 +202,7 @@ class SharedStudy:
         self._queue_lock = threading.Lock()
         self._closing = threading.Event()
         self._last_flush = -math.inf
+        self._flush_s = FLUSH_S  # flush_interval of the last write
         self._checked_params = False  # the stored distributions of the params were compared once
 
     @property
@@ -240,7 +255,8 @@ class SharedStudy:
     def record(self, params: dict, dists: dict, value: float, user_attrs: dict) -> None:
         """Add a measured variant to the shared study (in the background, in order).
 
-        The writer thread writes what is queued in one transaction, at most every FLUSH_S: an
+        The writer thread writes what is queued in one transaction, at most every FLUSH_S (more
+        seldom where the study's lock is contended: flush_interval): an
         Optuna add_trial costs ~35 statements (a query per parameter) and took the GIL and the
         write lock from the search loop's claims once per trial. What a killed worker had queued
         is added by whoever takes its claims over (add_missing), or by the next run (add_known):
@@ -256,15 +272,21 @@ class SharedStudy:
         self._writes.append(self._writer.submit(self._flush))
 
     def _flush(self) -> None:
-        self._closing.wait(self._last_flush + FLUSH_S - time.monotonic())  # close() cuts the wait short
+        self._closing.wait(self._last_flush + self._flush_s - time.monotonic())  # close() cuts the wait short
         with self._queue_lock:
             batch, self._queue = self._queue, []
         self._last_flush = time.monotonic()
         if batch:
+            started = None
             try:
+                self._opened.result()  # the study's opening (its tables, on a new database) is not a write's cost
+                started = time.monotonic()
                 self._add_trials(batch)
             except Exception as exc:
                 raise StudyWriteError(len(batch), exc) from exc
+            finally:
+                if started is not None:
+                    self._flush_s = flush_interval(time.monotonic() - started)
 
     def _add_trials(self, templates: list) -> None:
         """Add finished trials to the shared study in one transaction."""

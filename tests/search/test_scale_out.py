@@ -116,3 +116,49 @@ def test_the_loop_claims_its_variants_in_batches(db_url, monkeypatch):
     assert max(batches) <= 2 + claims.CLAIM_BATCH - 1  # the pipeline's depth
     assert len(batches) < 12 and max(batches) >= claims.CLAIM_BATCH  # fewer claims than variants
     assert len(set(backend.evaluator.evaluated)) == len(backend.evaluator.evaluated)  # none twice
+
+
+def test_study_writes_are_spaced_by_what_the_last_one_took():
+    from autogen.search import studies
+
+    assert studies.flush_interval(0.001) == studies.FLUSH_S  # alone and quick: every FLUSH_S
+    assert studies.flush_interval(0.05) == pytest.approx(studies.FLUSH_SPACING * 0.05)  # a contended lock
+    assert studies.flush_interval(5.0) == studies.MAX_FLUSH_S  # never longer than that
+
+
+def test_a_slow_study_write_delays_the_next_and_close_still_writes_everything(db_url, monkeypatch):
+    """The writer waits flush_interval(last write) before the next batch; close() cuts the wait
+    short and writes what is queued: nothing measured is left out of the shared study."""
+    import time
+
+    import optuna
+
+    from autogen.search import studies
+
+    monkeypatch.setenv("AUTOGEN_NO_PRETUNED", "1")
+    written, slow = [], 0.2
+    add_trials = studies.SharedStudy._add_trials
+
+    def slowly(self, templates):
+        time.sleep(slow)
+        written.append((time.monotonic(), len(templates)))
+        return add_trials(self, templates)
+
+    monkeypatch.setattr(studies.SharedStudy, "_add_trials", slowly)
+    dists = {"x": optuna.distributions.CategoricalDistribution([1, 2, 3, 4, 5, 6])}
+    study = studies.SharedStudy(TuningDB(db_url), "spacing", optuna.samplers.RandomSampler(seed=0), {}, dists,
+                                "w1", ("gpu", "f", "float32", "n=1", "cold"))
+    study.record({"x": 1}, dists, 1.0, {"kernel": "k1"})
+    deadline = time.monotonic() + 30
+    while study._flush_s == studies.FLUSH_S and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert written, "the first write never happened"
+    assert study._flush_s == pytest.approx(studies.flush_interval(slow), rel=0.5)
+    assert study._flush_s > studies.FLUSH_S
+    for x in (2, 3, 4):  # queued while the writer waits its spaced interval
+        study.record({"x": x}, dists, float(x), {"kernel": f"k{x}"})
+    time.sleep(0.5)
+    assert len(written) == 1  # still waiting: the slow write spaced the next one out
+    assert study.close() == 0
+    assert [n for _t, n in written] == [1, 3]  # close wrote the rest in one batch
+    assert len(study.shared.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 4
