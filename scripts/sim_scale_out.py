@@ -4,6 +4,7 @@ evaluation. Writes one JSON document (throughput, efficiency, database round tri
 written per trial, per-phase seconds, duplicates) and prints the table.
 
     python scripts/sim_scale_out.py scale --db URL --workers 8,16,32,64 --eval-ms 50,500 --out F.json
+            [--problem hgemv:float16:m=4096,n=4096,batch=1]
     python scripts/sim_scale_out.py cases --db URL --out F.json [--eval-ms 30]
 
 scale: N tuner processes (`autogen tune` as on N machines, one GPU each) tune one problem
@@ -12,6 +13,12 @@ scale: N tuner processes (`autogen tune` as on N machines, one GPU each) tune on
        counts the trials stored between the first and the last evaluation of the run.
 cases: the three runs of issue 38 on simulated GPUs: 8 shapes x 60 trials on 1 vs 2 GPUs,
        1 shape x 240 trials on 1 vs 2 GPUs, and 1 vs 2 processes sharing the database (TPE).
+
+--problem (scale): the problem the workers tune, FAMILY:DTYPE:DIM=V,... (default sgemv 4096 x 16,
+       whose 728 valid points 32 workers of 20 trials nearly exhaust). A problem other than the
+       recording's gets a synthetic recording: every valid point of its space "measured" at a time
+       made up from its name's hash, so that the search has thousands of points to claim. Only
+       the throughput means anything then; the times are not a GPU's.
 
 Every run gets a database of its own (a new SQLite file, or a new PostgreSQL database on the
 server of --db). The figures are of this simulation on this machine, never of a GPU.
@@ -35,6 +42,49 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RECORDING = ROOT / "tests" / "assets" / "replay_sgemv_8192x16.json"
 SHAPES = [(m, n) for m in (4096, 16384) for n in (16, 32, 128, 1024)]
+DEFAULT_PROBLEM = "sgemv:float32:m=4096,n=16"
+
+
+def sgemv_spec(m: int, n: int) -> dict:
+    return {"family": "sgemv", "dtype": "float32", "dims": {"m": m, "n": n}}
+
+
+def parse_problem(text: str) -> dict:
+    """FAMILY:DTYPE:DIM=V,... as a problem spec (family, dtype, dims)."""
+    family, dtype, dims = text.split(":", 2)
+    return {"family": family, "dtype": dtype,
+            "dims": {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (d.split("=", 1) for d in dims.split(","))}}
+
+
+def make_problem(spec: dict):
+    from autogen.core.registry import get_family
+
+    return get_family(spec["family"]).problem(spec["dtype"], **spec["dims"])
+
+
+def synthetic_recording(spec: dict, path: Path) -> Path:
+    """A recording for ``spec``'s problem on the real recording's device: every point of the
+    space the search would measure (valid, not pruned for the shape), "measured" at 5-25 us from a
+    hash of its name. Written to ``path``; returns it."""
+    import zlib
+
+    from autogen.core.registry import get_family
+    from autogen.testing.replay import load
+
+    base = load(RECORDING)
+    problem = make_problem(spec)
+    family = get_family(spec["family"])
+    trials = {}
+    for config in family.space.enumerate():
+        if family.reject_reason(problem, config):
+            continue
+        name = family.kernel_name(problem.dtype, config, problem.traits)
+        us = 5.0 + 20.0 * (zlib.crc32(name.encode()) % 10_000) / 10_000
+        trials[name] = {"status": "ok", "reason": "", "samples_us": [us * (1 + 0.001 * i) for i in range(7)],
+                        "error": 0.0}
+    path.write_text(json.dumps({**base, "problem": {"family": problem.family, "dtype": problem.dtype,
+                                                    "shape_key": problem.shape_key}, "trials": trials}))
+    return path
 
 
 # -- one worker process ----------------------------------------------------------------------------
@@ -42,7 +92,6 @@ SHAPES = [(m, n) for m in (4096, 16384) for n in (16, 32, 128, 1024)]
 
 def worker(args) -> None:
     """A tuner process: tunes ``args.shapes`` on the replay aid, writes its report to args.report."""
-    from autogen.core.registry import get_family
     from autogen.distributed.multi_gpu import tune_problems
     from autogen.distributed.order import in_start_order
     from autogen.search import dbstats
@@ -50,15 +99,14 @@ def worker(args) -> None:
     from autogen.testing.replay import ReplayBackend, load
 
     dbstats.install()
-    family = get_family("sgemv")
     # As `autogen tune` takes them: from this process's place in the list round.
-    problems = in_start_order([family.problem(m=m, n=n) for m, n in json.loads(args.shapes)])
+    problems = in_start_order([make_problem(spec) for spec in json.loads(args.problems)])
     gpus = tuple(range(args.gpus)) if args.gpus > 1 else None
     options = TuneOptions(db_url=args.db, trials=args.trials, workers=1, sampler=args.sampler, seed=args.seed,
                           lease_s=60.0, gpus=gpus, retime_rounds=3)
     made: list = []
     meet = {p: args.parties for p in problems} if args.parties > 1 else None
-    factory = ReplayBackend.factory(load(RECORDING), delay_s=args.eval_ms / 1000, made=made,
+    factory = ReplayBackend.factory(load(Path(args.recording)), delay_s=args.eval_ms / 1000, made=made,
                                     meet_in=args.meet or None, meet=meet, log_to=args.evaluations)
     cpu0, wall0 = os.times(), time.monotonic()
     results = tune_problems(problems, options, lambda _line: None, backend_factory=factory)
@@ -112,22 +160,31 @@ class Databases:
 # -- runs -------------------------------------------------------------------------------------------
 
 
-def run(url: str, processes: int, shapes: list, trials: int, eval_ms: float, sampler: str, gpus: int = 1,
+def run(url: str, processes: int, problems: list[dict], trials: int, eval_ms: float, sampler: str, gpus: int = 1,
         folder: Path | None = None, timeout_s: float = 900) -> dict:
-    """``processes`` tuner processes on ``url``; their reports and the run's figures."""
+    """``processes`` tuner processes on ``url`` tuning ``problems`` (specs: family, dtype, dims);
+    their reports and the run's figures."""
     from tuning_db import upgrade
 
     upgrade(url)  # as `autogen db upgrade` would, once
     folder = Path(tempfile.mkdtemp(prefix="autogen-sim-", dir=folder))
+    recording = RECORDING
+    if any(spec["family"] != "sgemv" for spec in problems):  # the recording is of sgemv
+        if len(problems) != 1:
+            raise SystemExit("a synthetic recording is made for one problem")
+        # Made once per problem and invocation (enumerating a large space takes seconds).
+        made = folder.parent / ("recording-" + uuid.uuid5(uuid.NAMESPACE_OID, json.dumps(problems[0], sort_keys=True)).hex + ".json")
+        recording = made if made.exists() else synthetic_recording(problems[0], made)
     meet = folder / "meet"
     reports = [folder / f"w{i}.json" for i in range(processes)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     load = LoadWatch()
     cpu0, wall0 = os.times(), time.monotonic()
-    children = [subprocess.Popen([sys.executable, __file__, "worker", "--db", url, "--shapes", json.dumps(shapes),
+    children = [subprocess.Popen([sys.executable, __file__, "worker", "--db", url, "--problems", json.dumps(problems),
+                                  "--recording", str(recording),
                                   "--trials", str(trials), "--eval-ms", str(eval_ms), "--sampler", sampler,
                                   "--seed", str(i), "--gpus", str(gpus), "--report", str(report),
-                                  "--meet", str(meet), "--parties", str(processes * (gpus if len(shapes) == 1 else 1)),
+                                  "--meet", str(meet), "--parties", str(processes * (gpus if len(problems) == 1 else 1)),
                                   "--evaluations", str(folder / "evaluations.log")],
                                  env=env, stdout=subprocess.DEVNULL, stderr=open(report.with_suffix(".log"), "w"))
                 for i, report in enumerate(reports)]
@@ -143,7 +200,7 @@ def run(url: str, processes: int, shapes: list, trials: int, eval_ms: float, sam
     docs = [json.loads(r.read_text()) for r in reports]
     evaluations = (folder / "evaluations.log").read_text().splitlines()
     figures = summarise(url, docs, wall, (cpu1.children_user - cpu0.children_user)
-                        + (cpu1.children_system - cpu0.children_system), shapes, trials, evaluations)
+                        + (cpu1.children_system - cpu0.children_system), problems, trials, evaluations, recording)
     figures.update(load.figures())
     stamps = figures.pop("_stored_at")  # epoch seconds of every stored trial, in order
     window = load.window(stamps[0], stamps[-1]) if len(stamps) > 1 else None
@@ -229,18 +286,18 @@ def _machine_busy() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: list, trials: int,
-              evaluations: list[str]) -> dict:
+def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, problems: list[dict], trials: int,
+              evaluations: list[str], recording: Path) -> dict:
     """The run's figures; ``evaluations``: every evaluation of every process (helper processes'
     included), a line "problem kernel" each."""
     from tuning_db import TuningDB
     from autogen.testing.replay import ReplayBackend, load
 
     db = TuningDB(url)
-    device = ReplayBackend(load(RECORDING)).device
+    device = ReplayBackend(load(recording)).device
     stored = []
-    for m, n in shapes:
-        stored += [t for t in db.trials(device, "sgemv", "float32", f"m={m},n={n}") if t.status != "rejected"]
+    for problem in map(make_problem, problems):
+        stored += [t for t in db.trials(device, problem.family, problem.dtype, problem.shape_key) if t.status != "rejected"]
     created = sorted(t.created_at for t in stored)
     db.close()
     search_s = _span(created)
@@ -253,7 +310,7 @@ def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, shapes: lis
     for d in docs:
         db_totals.update(d["db"])
     n = max(1, len(stored))
-    return {"wall_s": round(wall, 2), "stored": len(stored), "budget": trials * len(shapes),
+    return {"wall_s": round(wall, 2), "stored": len(stored), "budget": trials * len(problems),
             "evaluations": len(evaluations), "duplicates": sum(c - 1 for c in counted.values() if c > 1),
             "search_span_s": round(search_s, 2), "trials_per_s": round(len(stored) / search_s, 2) if search_s else None,
             "cpu_busy": round(cpu_s / wall / (os.cpu_count() or 1), 2),
@@ -304,14 +361,16 @@ def _span(stamps: list) -> float:
 
 
 def scale(args, dbs: Databases) -> dict:
-    out = {"machine": f"{os.cpu_count()} cores, the replay aid: no GPU used", "sampler": args.sampler, "runs": []}
+    problem = parse_problem(args.problem)
+    out = {"machine": f"{os.cpu_count()} cores, the replay aid: no GPU used", "sampler": args.sampler,
+           "problem": args.problem, "runs": []}
     for eval_ms in args.eval_ms:
         base = None
         for workers in args.workers:
             trials = max(args.min_trials, args.trials_per_worker * workers)
             url = dbs.new()
             try:
-                figures = run(url, workers, [list(SHAPES[0])], trials, eval_ms, args.sampler, folder=dbs.folder)
+                figures = run(url, workers, [problem], trials, eval_ms, args.sampler, folder=dbs.folder)
             finally:
                 dbs.drop(url)
             ideal = workers * 1000 / eval_ms
@@ -332,8 +391,8 @@ def scale(args, dbs: Databases) -> dict:
 
 def cases(args, dbs: Databases) -> dict:
     out = {"machine": f"{os.cpu_count()} cores, the replay aid: no GPU used", "eval_ms": args.eval_ms[0], "cases": {}}
-    shapes8 = [list(s) for s in SHAPES]
-    plan = {"shapes_8x60": (shapes8, 60), "one_240": [[[16384, 16]], 240]}
+    shapes8 = [sgemv_spec(m, n) for m, n in SHAPES]
+    plan = {"shapes_8x60": (shapes8, 60), "one_240": [[sgemv_spec(16384, 16)], 240]}
     for name, (shapes, trials) in plan.items():
         for label, processes, gpus in (("1gpu", 1, 1), ("2gpus", 1, 2), ("2procs", 2, 1)):
             if name == "one_240" and label == "2procs":
@@ -370,8 +429,10 @@ def main() -> int:
     parser.add_argument("--trials-per-worker", type=int, default=12)
     parser.add_argument("--min-trials", type=int, default=0)
     parser.add_argument("--sampler", default=None)
+    parser.add_argument("--problem", default=DEFAULT_PROBLEM, help="FAMILY:DTYPE:DIM=V,... (scale)")
     # worker mode
-    parser.add_argument("--shapes"), parser.add_argument("--trials", type=int), parser.add_argument("--seed", type=int)
+    parser.add_argument("--problems"), parser.add_argument("--recording", default=str(RECORDING))
+    parser.add_argument("--trials", type=int), parser.add_argument("--seed", type=int)
     parser.add_argument("--gpus", type=int, default=1), parser.add_argument("--report")
     parser.add_argument("--meet", default=""), parser.add_argument("--parties", type=int, default=0)
     parser.add_argument("--evaluations", help="the file every evaluation is logged to (problem, kernel)")
