@@ -175,6 +175,10 @@ def run(url: str, processes: int, problems: list[dict], trials: int, eval_ms: fl
         # Made once per problem and invocation (enumerating a large space takes seconds).
         made = folder.parent / ("recording-" + uuid.uuid5(uuid.NAMESPACE_OID, json.dumps(problems[0], sort_keys=True)).hex + ".json")
         recording = made if made.exists() else synthetic_recording(problems[0], made)
+    # One problem: every evaluator (process or GPU) meets at its first evaluation, so that one
+    # that starts late does not find the budget spent. Several: processes start on different
+    # problems (autogen.distributed.order), and a meeting on each would hold each process until
+    # the other reached that problem (MEET_TIMEOUT_S a problem: 370 s for 8 shapes, 2 processes).
     meet = folder / "meet"
     reports = [folder / f"w{i}.json" for i in range(processes)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
@@ -184,7 +188,7 @@ def run(url: str, processes: int, problems: list[dict], trials: int, eval_ms: fl
                                   "--recording", str(recording),
                                   "--trials", str(trials), "--eval-ms", str(eval_ms), "--sampler", sampler,
                                   "--seed", str(i), "--gpus", str(gpus), "--report", str(report),
-                                  "--meet", str(meet), "--parties", str(processes * (gpus if len(problems) == 1 else 1)),
+                                  "--meet", str(meet), "--parties", str(processes * gpus if len(problems) == 1 else 1),
                                   "--evaluations", str(folder / "evaluations.log")],
                                  env=env, stdout=subprocess.DEVNULL, stderr=open(report.with_suffix(".log"), "w"))
                 for i, report in enumerate(reports)]
