@@ -45,22 +45,17 @@ __device__ unsigned long long special_code(double o, double r) {
 }
 __device__ double masked_square(double value, double mask) { return isfinite(mask) ? value * value : 0.0; }
 """
-_FUSED: dict[str, object] = {}  # the three kernels, made on first use (CuPy compiles each per input type)
+_FUSED: dict[str, object] = {}
 
 
 def _fused_kernels(xp) -> tuple:
-    """(special-value codes, masked sum of squared differences, masked sum of squared scale)."""
     if not _FUSED:
-        def reduction(params: str, total: str, expr: str, name: str):
-            return xp.ReductionKernel(params, total, expr, "a + b", "total = a", "0", name,
-                                      preamble=_FUSED_PREAMBLE)
-
-        _FUSED["codes"] = reduction("T out, float64 ref", "uint64 total", "special_code((double)out, ref)",
-                                    "autogen_special_codes")
-        _FUSED["diff"] = reduction("T out, float64 ref", "float64 total", "masked_square((double)out - ref, ref)",
-                                   "autogen_masked_diff")
-        _FUSED["scale"] = reduction("T scale, float64 ref", "float64 total", "masked_square((double)scale, ref)",
-                                    "autogen_masked_scale")
+        kernel = lambda params, expr, name: xp.ReductionKernel(  # noqa: E731
+            params, "float64 total" if "code" not in name else "uint64 total", expr, "a + b", "total = a", "0",
+            name, preamble=_FUSED_PREAMBLE)
+        _FUSED["codes"] = kernel("T out, float64 ref", "special_code((double)out, ref)", "autogen_special_codes")
+        _FUSED["diff"] = kernel("T out, float64 ref", "masked_square((double)out - ref, ref)", "autogen_masked_diff")
+        _FUSED["scale"] = kernel("T scale, float64 ref", "masked_square((double)scale, ref)", "autogen_masked_scale")
     return _FUSED["codes"], _FUSED["diff"], _FUSED["scale"]
 
 
