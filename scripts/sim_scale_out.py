@@ -4,7 +4,7 @@ evaluation. Writes one JSON document (throughput, efficiency, database round tri
 written per trial, per-phase seconds, duplicates) and prints the table.
 
     python scripts/sim_scale_out.py scale --db URL --workers 8,16,32,64 --eval-ms 50,500 --out F.json
-            [--problem hgemv:float16:m=4096,n=4096,batch=1]
+            [--problem sgemm:float32:m=1024,n=1024,k=1024]
     python scripts/sim_scale_out.py cases --db URL --out F.json [--eval-ms 30]
 
 scale: N tuner processes (`autogen tune` as on N machines, one GPU each) tune one problem
@@ -91,7 +91,7 @@ def synthetic_recording(spec: dict, path: Path) -> Path:
 
 
 def worker(args) -> None:
-    """A tuner process: tunes ``args.shapes`` on the replay aid, writes its report to args.report."""
+    """A tuner process: tunes ``args.problems`` on the replay aid, writes its report to args.report."""
     from autogen.distributed.multi_gpu import tune_problems
     from autogen.distributed.order import in_start_order
     from autogen.search import dbstats
@@ -178,7 +178,7 @@ def run(url: str, processes: int, problems: list[dict], trials: int, eval_ms: fl
     # One problem: every evaluator (process or GPU) meets at its first evaluation, so that one
     # that starts late does not find the budget spent. Several: processes start on different
     # problems (autogen.distributed.order), and a meeting on each would hold each process until
-    # the other reached that problem (MEET_TIMEOUT_S a problem: 370 s for 8 shapes, 2 processes).
+    # the other reached that problem (up to MEET_TIMEOUT_S a problem).
     meet = folder / "meet"
     reports = [folder / f"w{i}.json" for i in range(processes)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}

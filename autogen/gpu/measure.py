@@ -95,9 +95,9 @@ def checks_on_host(family, problem) -> bool:
 @contextlib.contextmanager
 def plain_reductions(xp):
     """Within: CuPy's reductions (sum, max, norm, any...) run as its own reduction kernels rather
-    than CUB's block reductions, which take seconds each to compile on an empty CuPy cache: the
-    first check on the GPU cost 7.1 s with them and 1.3 s without (docs/distributed.md, "The first
-    check on a device"), in every GPU worker of a cold machine at once. Only the checks run in it:
+    than CUB's block reductions, which take seconds each to compile on an empty CuPy cache, in
+    every GPU worker of a cold machine at once (measured: docs/distributed.md, "The first check on
+    a device"). Only the checks run in it:
     peers built on CuPy reductions (reduce's cupy.sum) keep CuPy's defaults."""
     if getattr(xp, "__name__", "") != "cupy":
         yield

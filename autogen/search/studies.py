@@ -135,12 +135,11 @@ def open_study(db: TuningDB, name: str, sampler: optuna.samplers.BaseSampler, at
 # the other workers read it every autogen.search.loop.REFRESH_S.
 FLUSH_S = 0.5
 # Each write holds the study's row lock (PostgreSQL) or the file's write lock (SQLite), and every
-# worker writes on its own clock, so the lock's load grows with the workers, not the trials: on 32
-# cores, 32 simulated workers wrote about 1.5 times a second each, holding it about 14 ms a write,
-# and queued behind it (docs/distributed.md, "On 32 cores"). So a worker spaces its writes by
-# FLUSH_SPACING times what its last write took, lock wait included (at most MAX_FLUSH_S): alone it
-# writes every FLUSH_S; where the lock is contended, every worker writes less often, in bigger
-# batches.
+# worker writes on its own clock, so the lock's load grows with the workers, not the trials; many
+# simulated workers queued behind it (measured: docs/distributed.md, "On 32 cores"). So a worker
+# spaces its writes by FLUSH_SPACING times what its last write took, lock wait included (at most
+# MAX_FLUSH_S): alone it writes every FLUSH_S; where the lock is contended, every worker writes
+# less often, in bigger batches.
 FLUSH_SPACING = 40
 MAX_FLUSH_S = 10.0
 
