@@ -12,7 +12,7 @@ other x_path=smem forms lost to the tensor-core ones on every problem of this ha
 (docs/history/families.md).
 
   python3 scripts/bench_hgemv_odd.py --out DIR [--budget 300] [--dtypes float16,bfloat16]
-      [--shapes 3000x4099,1000x4103] [--batches 1,3,8] [--sides flight,ring]
+      [--shapes 3000x4099,1000x4103] [--batches 1,3,8]
 
 Targets: for n % 8 != 0 at batches 1-4, >= 1.1x torch and >= 80% of the weights floor (A's bytes
 over the copy bandwidth of the same run); >= 1.15x torch at batch 8. Writes DIR/hgemv_odd_<gpu>.json
@@ -55,11 +55,7 @@ IN_FLIGHT_UNROLLS = {1: (2, 4), 2: (1, 2, 4), 3: (1, 2), 4: (1, 2)}
 # Rows a group (pack_width apart, sharing each load of x), where the weights in flight fit: the space
 # leaves out the rest.
 IN_FLIGHT_GROUPS = (1, 2, 4)
-# The same rows in flight with A and x through a ring of shared memory, 2 or 4 passes a lane in
-# flight (a_passes), and on smaller blocks too (the ring's shared memory grows with the block).
-RING_PASSES = (2, 4)
-RING_GEOMETRIES = IN_FLIGHT + ((32, 2), (32, 4), (64, 2))
-SIDES = ("peeled", "scalar", "rows", "flight", "ring")
+SIDES = ("peeled", "scalar", "rows", "flight")
 
 
 def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
@@ -82,10 +78,6 @@ def candidate_params(batch: int, n: int) -> list[tuple[str, dict]]:
         rows += [("flight", dict(threads_per_row=tpr, warps_per_block=wpb, unroll=unroll, x_path="ldg", pack_width=8,
                                  rows_per_group=group, batch_tile=flight_tile, row_align="peeled"))
                  for tpr, wpb in IN_FLIGHT for unroll in IN_FLIGHT_UNROLLS[flight_tile] for group in IN_FLIGHT_GROUPS]
-        rows += [("ring", dict(threads_per_row=tpr, warps_per_block=wpb, unroll=unroll, x_path="ldg", pack_width=8,
-                               rows_per_group=group, batch_tile=flight_tile, row_align="peeled", a_passes=passes))
-                 for tpr, wpb in RING_GEOMETRIES for unroll in IN_FLIGHT_UNROLLS[flight_tile] for group in IN_FLIGHT_GROUPS
-                 for passes in RING_PASSES]
     return rows
 
 
@@ -186,12 +178,10 @@ def problems(dtypes: list[str], shapes: list[tuple[int, int]] | None, batches: l
     return sorted(todo, key=lambda p: (p[0] != "float16", p not in EXTRA, p[3] not in (1, 3, 8)))
 
 
-def timed_configs(family, problem, dtype: str, n: int, batch: int, sides=SIDES) -> tuple[dict, list]:
-    """({kernel name: side}, configs) of `sides` the search could time on this problem."""
+def timed_configs(family, problem, dtype: str, n: int, batch: int) -> tuple[dict, list]:
+    """({kernel name: side}, configs) the search could time on this problem."""
     tags, configs = {}, []
     for side, params in candidate_params(batch, n):
-        if side not in sides:
-            continue
         params = {**family.default_params, **params}
         if family.space.violations(params):
             continue  # e.g. min_blocks=3 where A's registers would spill
@@ -211,7 +201,6 @@ def main() -> int:
     parser.add_argument("--shapes", help="MxN,MxN,... (default: SHAPES, and EXTRA)")
     parser.add_argument("--batches", help="B,B,... (default: 1,2,3,4,8)")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--sides", default=",".join(SIDES), help=f"forms to time, of {','.join(SIDES)}")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -226,7 +215,7 @@ def main() -> int:
             print(f"budget spent: {dtype} {m}x{n}x{batch} and later problems not measured")
             break
         problem = family.problem(dtype, m=m, n=n, batch=batch)
-        tags, configs = timed_configs(family, problem, dtype, n, batch, args.sides.split(","))
+        tags, configs = timed_configs(family, problem, dtype, n, batch)
         row = ab_problem(family, problem, configs, args.rounds, probe=read_ceiling)
         rows.append(summarize(family, problem, row, tags))
         write_results(args.out, "hgemv_odd", rows[0]["gpu"], {"problems": rows})
@@ -239,7 +228,7 @@ def main() -> int:
     gpu = rows[0]["gpu"] if rows else None
     write_results(args.out, "hgemv_odd", gpu, {"wall_s": round(time.monotonic() - started, 1), "problems": rows})
     print(f"\nhgemv, n % 8 != 0, on {gpu}, cold, kernel and torch in the same process")
-    sides = ("peeled", "rows", "flight", "ring", "best", "read")
+    sides = ("peeled", "rows", "flight", "best", "read")
     print(table(("problem", "torch us", *(f"{side} {what}" for side in sides for what in ("us", "x", "%fl")),
                  "best % read", "best kernel"),
                 ((r["problem"], num(r["peer_us"], ".2f"),

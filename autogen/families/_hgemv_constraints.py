@@ -125,21 +125,3 @@ def tensor_core_registers(p) -> str | None:
     if p["min_blocks"] >= 3 and (p["a_buffers"] == 2 or p["rows_per_group"] * p["unroll"] > 2):
         return "min_blocks=3 spills A's registers: a_buffers=1 and rows_per_group * unroll <= 2 only"
     return None
-
-
-A_RING_BYTES = 44 * 1024  # a_passes > 1: the ring a block keeps in shared memory, at most (static: < 48 KiB)
-
-
-def a_ring_fits(p) -> str | None:
-    # The ring replaces the registers of rows in flight's loads (the other forms load A their own
-    # way); each lane holds a_passes passes of rows_per_group * unroll packs of A and unroll *
-    # (batch_tile + 1) units of x (a unit is a pack's size).
-    if p["a_passes"] == 1:
-        return None
-    if not rows_in_flight(p):
-        return "a_passes > 1 rings the loads of rows in flight: row_align=peeled with x_path=ldg only"
-    slots = p["unroll"] * (p["rows_per_group"] + p["batch_tile"] + 1)
-    ring = 32 * p["warps_per_block"] * p["a_passes"] * slots * p["pack_width"] * 2
-    if ring > A_RING_BYTES:
-        return f"a_passes={p['a_passes']} keeps {ring / 1024:g} KiB in shared memory, over {A_RING_BYTES // 1024} KiB"
-    return None

@@ -21,7 +21,7 @@ from autogen.core.space import Param, Space
 from autogen.errors import ArgumentError
 from autogen.families._gemv import (gemv_arguments, gemv_shapes, GemvFamily, overshoot_reason,
                                     reduce_only_across_warps, row_fits_block)
-from autogen.families._hgemv_constraints import (a_ring_fits, mma_shape, peeled_rows_stage_x, rows_in_flight, schedule_has_steps,
+from autogen.families._hgemv_constraints import (mma_shape, peeled_rows_stage_x, rows_in_flight, schedule_has_steps,
                                                split_on_tensor_cores, tail_peels_one_vector,
                                                tensor_core_registers, three_vectors_in_flight,
                                                values_fit_registers, x_tile_fits)
@@ -79,14 +79,10 @@ SPACE = Space(
         Param("min_blocks", (1, 2, 3), "mb",
               "blocks per SM the registers are bounded for (__launch_bounds__; x_path=mma); 1: no bound",
               added_with_default=1),
-        Param("a_passes", (1, 2, 4), "ap",
-              "passes of A a lane has in flight (rows in flight): 1 in registers; 2 or 4 through a ring "
-              "of shared memory filled by cp.async",
-              added_with_default=1),
     ),
     constraints=(row_fits_block, reduce_only_across_warps, x_tile_fits, mma_shape, values_fit_registers,
                  schedule_has_steps, tail_peels_one_vector, peeled_rows_stage_x, three_vectors_in_flight,
-                 split_on_tensor_cores, tensor_core_registers, a_ring_fits),
+                 split_on_tensor_cores, tensor_core_registers),
 )
 
 
@@ -220,7 +216,7 @@ class Hgemv(GemvFamily):
     default_params = {"threads_per_row": 32, "pack_width": 8, "warps_per_block": 4, "rows_per_group": 1,
                       "unroll": 2, "x_path": "ldg", "reduce": "shfl", "batch_tile": 1, "load_schedule": "chunk",
                       "tail": "checked", "row_align": "scalar", "split_k": 1,
-                      "a_buffers": 1, "min_blocks": 1, "a_passes": 1}
+                      "a_buffers": 1, "min_blocks": 1}
     op_signature = OpSignature((Tensor("A"), Tensor("x"), Scalar("alpha", "float", 1.0), Scalar("beta", "float", 0.0)),
                                (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
     c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"  # f16/bf16

@@ -76,12 +76,6 @@ def sample_configs() -> list:
     for other in ("threads_per_row", "pack_width", "unroll", "rows_per_group"):
         for key in {(c["batch_tile"], c[other]) for c in flight}:
             chosen.add(next(c for c in flight if (c["batch_tile"], c[other]) == key))
-    # A through a ring of shared memory (a_passes 2 and 4): every batch tile with every pack width,
-    # every rows-a-group and every unroll.
-    ringed = random.Random(12).sample([c for c in configs if c["a_passes"] > 1], 400)
-    for other in ("pack_width", "unroll", "rows_per_group"):
-        for key in {(c["a_passes"], c["batch_tile"], c[other]) for c in ringed}:
-            chosen.add(next(c for c in ringed if (c["a_passes"], c["batch_tile"], c[other]) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 

@@ -43,21 +43,16 @@ def test_space_size_and_every_issue_parameter():
     # and 920 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x
     # batch tiles 1 to 4 (3 theirs alone) x the 23 of pack width, rows per group and unroll whose
     # weights in flight fit (rows_per_group * unroll * pack_width <= 32), chunk schedule, checked
-    # tail, shuffles); and those rows in flight again with A and x through a ring of 2 or 4 passes
-    # in shared memory (a_passes), the 724 and 496 whose ring fits 44 KiB
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920 + 724 + 496
-    ringed = [c for c in CONFIGS if c["a_passes"] > 1]
-    assert all(c["row_align"] == "peeled" and c["x_path"] == "ldg" for c in ringed)
-    assert max(64 * c["warps_per_block"] * c["a_passes"] * c["unroll"] * (c["rows_per_group"] + c["batch_tile"] + 1)
-               * c["pack_width"] for c in ringed) <= 44 * 1024
+    # tail, shuffles)
+    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920
     early = [c for c in CONFIGS if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
-    flight = [c for c in CONFIGS if c["row_align"] == "peeled" and c["x_path"] == "ldg" and c["a_passes"] == 1]
+    flight = [c for c in CONFIGS if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
     assert len(flight) == 920 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 for c in flight)
-    assert all(c in flight or c in ringed for c in CONFIGS if c["batch_tile"] == 3)
+    assert all(c in flight for c in CONFIGS if c["batch_tile"] == 3)
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head, and
     # through x_path=ldg only the rows in flight
-    assert all(c["x_path"] != "ldg" or c in flight or c in ringed for c in CONFIGS if c["row_align"] == "peeled")
+    assert all(c["x_path"] != "ldg" or c in flight for c in CONFIGS if c["row_align"] == "peeled")
     assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
     assert all(c["x_path"] == "mma" and c["threads_per_row"] == 32 * c["warps_per_block"]
                for c in CONFIGS if c["split_k"] > 1)
@@ -66,7 +61,7 @@ def test_space_size_and_every_issue_parameter():
     names = set(FAMILY.space.names)
     assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
                      "reduce", "batch_tile", "load_schedule", "tail", "row_align", "split_k", "a_buffers",
-                     "min_blocks", "a_passes"}
+                     "min_blocks"}
     assert FAMILY.space.param("pack_width").choices == (2, 4, 8)  # half2, 64-bit and 128-bit accesses
     assert {c["threads_per_row"] for c in CONFIGS} == {4, 8, 16, 32, 64, 128, 256}
     assert FAMILY.dims == ("m", "n", "batch") and FAMILY.dtypes == DTYPES
