@@ -60,10 +60,11 @@ def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, 
     of seven parameters (each parameter is read back and checked against the study's earlier
     ones). Here the study row is locked as Optuna locks it for a new trial (SQLite: the write
     lock of BEGIN IMMEDIATE; PostgreSQL: SELECT ... FOR UPDATE), so each trial's number is the
-    count of the study's trials before it, as Optuna's count_past_trials gives; the rows
-    below a trial (value, params, user attributes) go in one executemany per table. The parameters'
-    distributions are compared with the study's stored ones (``check_params``; ValueError
-    when they differ, as Optuna raises), which a caller writing the same space again skips."""
+    count of the study's trials before it, as Optuna's count_past_trials gives; the trials go in
+    one INSERT returning their ids, the rows below them (value, params, user attributes) in one
+    executemany per table. The parameters' distributions are compared with the study's stored
+    ones before the lock (``check_params``; ValueError when they differ, as Optuna raises), which
+    a caller writing the same space again skips."""
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
@@ -79,46 +80,55 @@ def add_trials(rdb: optuna.storages.RDBStorage, study_id: int, templates: list, 
             # study is a copy of autogen's tables (the source of truth), and the trials a server
             # crash may lose are added again by the next worker to open it (add_known).
             session.execute(text("SELECT set_config('synchronous_commit', 'off', true)"))
+        if check_params:  # before the lock: a study's distributions are fixed by its first trials
+            _check_distributions(session, study_id, templates)
+        # Every worker of the problem queues here: what follows, up to the commit, is kept short.
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
         templates = _new_kernels(session, study_id, templates)
         if not templates:
             return
-        if check_params:
-            names = sorted({name for t in templates for name in t.params})
-            stored = session.execute(
-                select(models.TrialParamModel.param_name, func.min(models.TrialParamModel.distribution_json))
-                .join(models.TrialModel, models.TrialParamModel.trial_id == models.TrialModel.trial_id)
-                .where(models.TrialModel.study_id == study_id, models.TrialParamModel.param_name.in_(names))
-                .group_by(models.TrialParamModel.param_name)).all()
-            previous = {name: json_to_distribution(text) for name, text in stored}
-            for template in templates:
-                for name, distribution in template.distributions.items():
-                    if name in previous:
-                        check_distribution_compatibility(previous[name], distribution)
         past = session.scalar(select(func.count(models.TrialModel.trial_id))
                               .where(models.TrialModel.study_id == study_id))
-        # Inserted in this order under the study's lock, so ids rise with the numbers.
-        rows = [models.TrialModel(study_id=study_id, number=past + i, state=template.state,
-                                  datetime_start=template.datetime_start,
-                                  datetime_complete=template.datetime_complete)
-                for i, template in enumerate(templates)]
-        session.add_all(rows)
-        session.flush()  # the trial ids (one INSERT per trial)
+        # One INSERT for the batch, its ids returned in the rows' order (numbers past, past + 1, ...).
+        trials = models.TrialModel.__table__
+        ids = session.scalars(
+            insert(trials).returning(trials.c.trial_id, sort_by_parameter_order=True),
+            [{"study_id": study_id, "number": past + i, "state": template.state,
+              "datetime_start": template.datetime_start, "datetime_complete": template.datetime_complete}
+             for i, template in enumerate(templates)]).all()
         values, params, attrs = [], [], []
-        for row, template in zip(rows, templates):
+        for trial_id, template in zip(ids, templates):
             value, value_type = models.TrialValueModel.value_to_stored_repr(template.value)
-            values.append({"trial_id": row.trial_id, "objective": 0, "value": value, "value_type": value_type})
+            values.append({"trial_id": trial_id, "objective": 0, "value": value, "value_type": value_type})
             for name, param in template.params.items():
                 distribution = template.distributions[name]
-                params.append({"trial_id": row.trial_id, "param_name": name,
+                params.append({"trial_id": trial_id, "param_name": name,
                                "param_value": distribution.to_internal_repr(param),
                                "distribution_json": distribution_to_json(distribution)})
-            attrs.extend({"trial_id": row.trial_id, "key": key, "value_json": json.dumps(attr)}
+            attrs.extend({"trial_id": trial_id, "key": key, "value_json": json.dumps(attr)}
                          for key, attr in template.user_attrs.items())
         for model, batch in ((models.TrialValueModel, values), (models.TrialParamModel, params),
                              (models.TrialUserAttributeModel, attrs)):
             if batch:  # one executemany per table
                 session.execute(insert(model.__table__), batch)
+
+
+def _check_distributions(session, study_id: int, templates: list) -> None:
+    """ValueError (Optuna's) where a template's parameter distribution differs from the one the
+    study's trials store for that parameter."""
+    from optuna.storages._rdb import models
+
+    names = sorted({name for t in templates for name in t.params})
+    stored = session.execute(
+        select(models.TrialParamModel.param_name, func.min(models.TrialParamModel.distribution_json))
+        .join(models.TrialModel, models.TrialParamModel.trial_id == models.TrialModel.trial_id)
+        .where(models.TrialModel.study_id == study_id, models.TrialParamModel.param_name.in_(names))
+        .group_by(models.TrialParamModel.param_name)).all()
+    previous = {name: json_to_distribution(text) for name, text in stored}
+    for template in templates:
+        for name, distribution in template.distributions.items():
+            if name in previous:
+                check_distribution_compatibility(previous[name], distribution)
 
 
 def _new_kernels(session, study_id: int, templates: list) -> list:
