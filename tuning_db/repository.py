@@ -476,39 +476,9 @@ class TuningDB:
         if any(problem_of(t) != problem_of(first) for t, _v in wanted):
             raise ValueError("claim_many: every variant must be of one problem and cache mode")
         with self._write() as session:
-            connection = session.connection()
             gpu_id = self._gpu_id(session, device)
-            if connection.dialect.name == "postgresql":
-                return _claim_on_server(connection, gpu_id, wanted, owner, lease_s, budget, longest_lease_s)
-            now = _lock_problem(session, gpu_id, first.family, first.dtype, first.shape_key, first.cache_mode)
-            found = connection.execute(_CLAIMS_CHECK, {**_problem_params(gpu_id, first),
-                                                       "variants": [variant for _t, variant in wanted],
-                                                       "names": [trial.kernel_name for trial, _v in wanted]}).all()
-            launched = found[0].launched
-            rows = {r.c_variant: _ClaimRow(r) for r in found if r.c_id is not None}
-            stored = {r.stored for r in found if r.stored is not None}
-            answers, new, taken_over = [], [], []
-            for trial, variant in wanted:
-                answer = _decide_claim(rows.get(variant), trial.kernel_name in stored, launched, now, trial.kernel_name,
-                                       owner, budget, longest_lease_s)
-                answers.append(answer)
-                if answer.status != "claimed":
-                    continue
-                values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
-                              owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
-                row = rows.get(variant)
-                if row is None:
-                    launched += 1  # a lapsed claim taken over counted already
-                    new.append({**_problem_values(gpu_id, trial), "variant": variant, "attempts": 1,
-                                "created_at": values["updated_at"], **values})
-                    rows[variant] = _Claimed(owner)  # a second ask of it in this batch: held
-                else:
-                    taken_over.append({"claim_id": row.id, "attempts": row.attempts + 1, **values})
-            if new:
-                connection.execute(_NEW_CLAIM, new)
-            for values in taken_over:
-                connection.execute(_UPDATE_CLAIM, values)
-            return answers
+            decide = _claim_on_server if session.connection().dialect.name == "postgresql" else _claim_here
+            return decide(session, gpu_id, wanted, owner, lease_s, budget, longest_lease_s)
 
     def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
         """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
@@ -811,13 +781,50 @@ def _problem_lock_key(gpu_id: int, family: str, dtype: str, shape_key: str, cach
     return int.from_bytes(digest, "big", signed=True)
 
 
-def _claim_on_server(connection, gpu_id: int, wanted: list[tuple[TrialRecord, str]], owner: str, lease_s: float,
+def _claim_here(session: Session, gpu_id: int, wanted: list[tuple[TrialRecord, str]], owner: str, lease_s: float,
+                budget: int | None, longest_lease_s: float | None) -> list[Claim]:
+    """claim_many decided in Python (SQLite): the lock, one read (_CLAIMS_CHECK), _decide_claim
+    per pair, one insert of the new claims and an update per claim taken over."""
+    connection = session.connection()
+    first = wanted[0][0]
+    now = _lock_problem(session, gpu_id, first.family, first.dtype, first.shape_key, first.cache_mode)
+    found = connection.execute(_CLAIMS_CHECK, {**_problem_params(gpu_id, first),
+                                               "variants": [variant for _t, variant in wanted],
+                                               "names": [trial.kernel_name for trial, _v in wanted]}).all()
+    launched = found[0].launched
+    rows = {r.c_variant: _ClaimRow(r) for r in found if r.c_id is not None}
+    stored = {r.stored for r in found if r.stored is not None}
+    answers, new, taken_over = [], [], []
+    for trial, variant in wanted:
+        answer = _decide_claim(rows.get(variant), trial.kernel_name in stored, launched, now, trial.kernel_name,
+                               owner, budget, longest_lease_s)
+        answers.append(answer)
+        if answer.status != "claimed":
+            continue
+        values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
+                      owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
+        row = rows.get(variant)
+        if row is None:
+            launched += 1  # a lapsed claim taken over counted already
+            new.append({**_problem_values(gpu_id, trial), "variant": variant, "attempts": 1,
+                        "created_at": values["updated_at"], **values})
+            rows[variant] = _Claimed(owner)  # a second ask of it in this batch: held
+        else:
+            taken_over.append({"claim_id": row.id, "attempts": row.attempts + 1, **values})
+    if new:
+        connection.execute(_NEW_CLAIM, new)
+    for values in taken_over:
+        connection.execute(_UPDATE_CLAIM, values)
+    return answers
+
+
+def _claim_on_server(session: Session, gpu_id: int, wanted: list[tuple[TrialRecord, str]], owner: str, lease_s: float,
                      budget: int | None, longest_lease_s: float | None) -> list[Claim]:
     """claim_many on PostgreSQL: autogen_claim_many (tuning_db.migrations.functions) takes the
     problem's lock (as _lock_problem does, synchronous_commit off), reads and decides each pair as
     _decide_claim would, writes the claim rows, and answers one row per pair, in order."""
     first = wanted[0][0]
-    found = connection.execute(_CLAIM_MANY, {
+    found = session.connection().execute(_CLAIM_MANY, {
         **_problem_values(gpu_id, first),
         "variants": [variant for _t, variant in wanted],
         "names": [trial.kernel_name for trial, _v in wanted],
