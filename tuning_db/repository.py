@@ -461,10 +461,14 @@ class TuningDB:
     ) -> list[Claim]:
         """claim() for several (trial, variant) pairs of ONE problem, in one transaction under
         one lock: a worker that keeps several variants in flight claims them together, paying
-        the lock, its wait, one read (_CLAIMS_CHECK), one insert and the commit once: the lock
-        is held for those four round trips whatever the batch's size. Decided in order, each as
-        claim() would (the budget counts the ones claimed before it in the batch; a variant
-        asked twice is claimed once); one Claim per pair, in order."""
+        the lock, its wait and the commit once. Decided in order, each as claim() would (the
+        budget counts the ones claimed before it in the batch; a variant asked twice is claimed
+        once); one Claim per pair, in order.
+
+        PostgreSQL: one call of autogen_claim_many (_claim_on_server), which locks, reads, decides
+        and writes on the server, so the lock is held for the commit's round trip alone, not for
+        the client's. SQLite: the lock (BEGIN IMMEDIATE), one read (_CLAIMS_CHECK), the decision
+        here (_decide_claim), one insert."""
         if not wanted:
             return []
         first = wanted[0][0]
@@ -472,37 +476,9 @@ class TuningDB:
         if any(problem_of(t) != problem_of(first) for t, _v in wanted):
             raise ValueError("claim_many: every variant must be of one problem and cache mode")
         with self._write() as session:
-            connection = session.connection()
             gpu_id = self._gpu_id(session, device)
-            now = _lock_problem(session, gpu_id, first.family, first.dtype, first.shape_key, first.cache_mode)
-            found = connection.execute(_CLAIMS_CHECK, {**_problem_params(gpu_id, first),
-                                                       "variants": [variant for _t, variant in wanted],
-                                                       "names": [trial.kernel_name for trial, _v in wanted]}).all()
-            launched = found[0].launched
-            rows = {r.c_variant: _ClaimRow(r) for r in found if r.c_id is not None}
-            stored = {r.stored for r in found if r.stored is not None}
-            answers, new, taken_over = [], [], []
-            for trial, variant in wanted:
-                answer = _decide_claim(rows.get(variant), trial.kernel_name in stored, launched, now, trial.kernel_name,
-                                       owner, budget, longest_lease_s)
-                answers.append(answer)
-                if answer.status != "claimed":
-                    continue
-                values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
-                              owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
-                row = rows.get(variant)
-                if row is None:
-                    launched += 1  # a lapsed claim taken over counted already
-                    new.append({**_problem_values(gpu_id, trial), "variant": variant, "attempts": 1,
-                                "created_at": values["updated_at"], **values})
-                    rows[variant] = _Claimed(owner)  # a second ask of it in this batch: held
-                else:
-                    taken_over.append({"claim_id": row.id, "attempts": row.attempts + 1, **values})
-            if new:
-                connection.execute(_NEW_CLAIM, new)
-            for values in taken_over:
-                connection.execute(_UPDATE_CLAIM, values)
-            return answers
+            decide = _claim_on_server if session.connection().dialect.name == "postgresql" else _claim_here
+            return decide(session, gpu_id, wanted, owner, lease_s, budget, longest_lease_s)
 
     def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
         """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
@@ -794,9 +770,68 @@ def _lock_problem(session: Session, gpu_id: int, family: str, dtype: str, shape_
     connection = session.connection()
     if connection.dialect.name != "postgresql":
         return _db_epoch(session)
-    digest = hashlib.blake2b(json.dumps([gpu_id, family, dtype, shape_key, cache_mode]).encode(), digest_size=8).digest()
-    key = int.from_bytes(digest, "big", signed=True)
+    key = _problem_lock_key(gpu_id, family, dtype, shape_key, cache_mode)
     return float(connection.execute(_LOCK_PROBLEM, {"key": key}).scalar_one())
+
+
+def _problem_lock_key(gpu_id: int, family: str, dtype: str, shape_key: str, cache_mode: str) -> int:
+    """The PostgreSQL advisory lock key of one problem: a signed 64-bit hash (_lock_problem,
+    autogen_claim_many)."""
+    digest = hashlib.blake2b(json.dumps([gpu_id, family, dtype, shape_key, cache_mode]).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _claim_here(session: Session, gpu_id: int, wanted: list[tuple[TrialRecord, str]], owner: str, lease_s: float,
+                budget: int | None, longest_lease_s: float | None) -> list[Claim]:
+    """claim_many decided in Python (SQLite): the lock, one read (_CLAIMS_CHECK), _decide_claim
+    per pair, one insert of the new claims and an update per claim taken over."""
+    connection = session.connection()
+    first = wanted[0][0]
+    now = _lock_problem(session, gpu_id, first.family, first.dtype, first.shape_key, first.cache_mode)
+    found = connection.execute(_CLAIMS_CHECK, {**_problem_params(gpu_id, first),
+                                               "variants": [variant for _t, variant in wanted],
+                                               "names": [trial.kernel_name for trial, _v in wanted]}).all()
+    launched = found[0].launched
+    rows = {r.c_variant: _ClaimRow(r) for r in found if r.c_id is not None}
+    stored = {r.stored for r in found if r.stored is not None}
+    answers, new, taken_over = [], [], []
+    for trial, variant in wanted:
+        answer = _decide_claim(rows.get(variant), trial.kernel_name in stored, launched, now, trial.kernel_name,
+                               owner, budget, longest_lease_s)
+        answers.append(answer)
+        if answer.status != "claimed":
+            continue
+        values = dict(kernel_name=trial.kernel_name, params=json.dumps(trial.params, sort_keys=True),
+                      owner=owner, state="running", expires_at=now + lease_s, updated_at=_now())
+        row = rows.get(variant)
+        if row is None:
+            launched += 1  # a lapsed claim taken over counted already
+            new.append({**_problem_values(gpu_id, trial), "variant": variant, "attempts": 1,
+                        "created_at": values["updated_at"], **values})
+            rows[variant] = _Claimed(owner)  # a second ask of it in this batch: held
+        else:
+            taken_over.append({"claim_id": row.id, "attempts": row.attempts + 1, **values})
+    if new:
+        connection.execute(_NEW_CLAIM, new)
+    for values in taken_over:
+        connection.execute(_UPDATE_CLAIM, values)
+    return answers
+
+
+def _claim_on_server(session: Session, gpu_id: int, wanted: list[tuple[TrialRecord, str]], owner: str, lease_s: float,
+                     budget: int | None, longest_lease_s: float | None) -> list[Claim]:
+    """claim_many on PostgreSQL: autogen_claim_many (tuning_db.migrations.functions) takes the
+    problem's lock (as _lock_problem does, synchronous_commit off), reads and decides each pair as
+    _decide_claim would, writes the claim rows, and answers one row per pair, in order."""
+    first = wanted[0][0]
+    found = session.connection().execute(_CLAIM_MANY, {
+        **_problem_values(gpu_id, first),
+        "variants": [variant for _t, variant in wanted],
+        "names": [trial.kernel_name for trial, _v in wanted],
+        "params": [json.dumps(trial.params, sort_keys=True) for trial, _v in wanted],
+        "lock_key": _problem_lock_key(gpu_id, first.family, first.dtype, first.shape_key, first.cache_mode),
+        "owner": owner, "lease_s": lease_s, "budget": budget, "longest_lease_s": longest_lease_s, "stamp": _now()})
+    return [Claim(*row) for row in found]
 
 
 def _same_problem(model, device: DeviceIdentity, family: str, dtype: str, shape_key: str):
@@ -868,6 +903,13 @@ _DELETE_WINNER_OF_TRIAL = delete(WinnerRow.__table__).where(WinnerRow.trial_id =
 _TRIAL_COLUMNS = tuple(column.name for column in TrialRow.__table__.columns)
 _LOCK_PROBLEM = text("SELECT extract(epoch from clock_timestamp()) FROM "
                      "(SELECT set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock(:key)) AS locked")
+_CLAIM_MANY = text(
+    "SELECT claim_status, claim_kernel_name, claim_taken_over, claim_previous FROM autogen_claim_many("
+    "CAST(:variants AS text[]), CAST(:names AS text[]), CAST(:params AS text[]), CAST(:gpu_id AS integer), "
+    "CAST(:family AS text), CAST(:dtype AS text), CAST(:shape_key AS text), CAST(:cache_mode AS text), "
+    "CAST(:lock_key AS bigint), CAST(:owner AS text), CAST(:lease_s AS double precision), "
+    "CAST(:budget AS bigint), CAST(:longest_lease_s AS double precision), CAST(:stamp AS text)) "
+    "WITH ORDINALITY ORDER BY ordinality")
 _EPOCH = {"postgresql": text("SELECT extract(epoch from clock_timestamp())"),
           "sqlite": text("SELECT (julianday('now') - 2440587.5) * 86400.0")}
 

@@ -17,13 +17,27 @@ pytestmark = pytest.mark.skipif(not SERVER, reason="AUTOGEN_TEST_POSTGRES_URL is
 
 @pytest.fixture
 def pg_url():
+    url, name = _fresh_database()
+    yield url
+    _drop_database(name)
+
+
+def _fresh_database() -> tuple[str, str]:
+    """A new database on the test server: its URL and name."""
     from sqlalchemy import create_engine, text
 
     name = "autogen_test_" + uuid.uuid4().hex[:12]
     admin = create_engine(SERVER, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
-    yield SERVER.rsplit("/", 1)[0] + "/" + name
+    admin.dispose()
+    return SERVER.rsplit("/", 1)[0] + "/" + name, name
+
+
+def _drop_database(name: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    admin = create_engine(SERVER, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
     admin.dispose()
@@ -118,3 +132,152 @@ def test_claims_lock_their_problem_and_completing_locks_nothing(pg_url):
     holder.dispose()
     assert [c.state for c in db.claims(H100, "gemv", "float32", "m=1,n=16")] == ["done"]
     db.close()
+
+
+# -- claims decided on the server (autogen_claim_many, revision 0005) ------------------------------
+
+
+def _set_expiry(url: str, variant: str, expires_at: float) -> None:
+    """Write a claim's expires_at as it is: 0 (lapsed), far ahead, or not a finite number."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE autogen_claims SET expires_at = :at WHERE variant = :variant"),
+                           {"at": expires_at, "variant": variant})
+    engine.dispose()
+
+
+# Batches and the events between them: ("claim", owner, [(kernel, variant), ...], budget, longest_lease_s),
+# ("expire", variant, expires_at), ("store", kernel, status) a trial stored without a claim,
+# ("complete", owner, kernel, variant).
+SEQUENCE = [
+    ("claim", "alice", [("k_a", "va"), ("k_b", "vb"), ("k_a", "va")], 7, None),  # va asked twice: taken
+    ("store", "k_s", "ok"),  # measured without a claim
+    ("store", "k_r", "rejected"),  # not counted by the budget
+    ("complete", "alice", "k_b", "vb"),  # a done claim
+    ("expire", "va", 0.0),  # alice's lease lapsed
+    # va taken over (counted already), vb and vs done, vc and vd claimed, ve over the budget
+    ("claim", "bob", [("k_a", "va"), ("k_b", "vb"), ("k_s", "vs"), ("k_c", "vc"), ("k_d", "vd"), ("k_e", "ve")],
+     5, None),
+    ("expire", "vc", 0.0),
+    ("claim", "bob", [("k_c", "vc")], 5, None),  # a lapsed claim keeps its place: over the budget
+    ("claim", "bob", [("k_c", "vc")], None, None),  # bob's own lapsed claim: claimed again, not taken over
+    ("expire", "vd", 1e12),  # a lease longer than any worker writes
+    ("claim", "carol", [("k_c", "vc"), ("k_d", "vd")], None, 120.0),  # vc live: taken; vd taken over
+    ("expire", "vc", "inf"),  # not a finite number: lapsed
+    ("claim", "dave", [("k_c2", "vc")], None, None),
+    ("expire", "va", 0.0),
+    ("claim", "erin", [("k_a", "va"), ("k_a", "va"), ("k_f", "vf"), ("k_f", "vf")], 9, 0.0),  # twice each
+    ("claim", "erin", [("k_g", "vg"), ("k_h", "vh")], 7, None),  # the budget reached mid-batch
+]
+EXPECTED = [
+    [("claimed", "k_a", False, ""), ("claimed", "k_b", False, ""), ("taken", "k_a", False, "")],
+    [("claimed", "k_a", True, "alice"), ("done", "k_b", False, ""), ("done", "k_s", False, ""),
+     ("claimed", "k_c", False, ""), ("claimed", "k_d", False, ""), ("budget", "", False, "")],
+    [("budget", "", False, "")],
+    [("claimed", "k_c", False, "bob")],
+    [("taken", "k_c", False, ""), ("claimed", "k_d", True, "bob")],
+    [("claimed", "k_c2", True, "bob")],
+]
+
+
+def _run_claims(url: str, sequence) -> tuple[list, list]:
+    """The answers to each batch of ``sequence``, and the problem's claims at the end."""
+    from test_tuning_db import H100, SHAPE, make_trial
+    from tuning_db import TuningDB
+
+    answers = []
+    with TuningDB(url) as db:
+        for step in sequence:
+            if step[0] == "claim":
+                _, owner, pairs, budget, longest = step
+                wanted = [(make_trial(kernel, None, status="rejected", params={"k": kernel}), variant)
+                          for kernel, variant in pairs]
+                answers.append([(c.status, c.kernel_name, c.taken_over, c.previous)
+                                for c in db.claim_many(H100, wanted, owner, 60.0, budget, longest)])
+            elif step[0] == "expire":
+                _set_expiry(url, step[1], float(step[2]))
+            elif step[0] == "store":
+                db.record_trial(H100, make_trial(step[1], status=step[2]))
+            else:
+                _, owner, kernel, variant = step
+                db.complete_claim(H100, make_trial(kernel), variant, owner)
+        claims = [(c.variant, c.kernel_name, c.params, c.owner, c.state, c.attempts, c.expires_in_s > 0)
+                  for c in db.claims(H100, "gemv", "float32", SHAPE)]
+    return answers, claims
+
+
+def _claims_in_python(monkeypatch) -> None:
+    """claim_many on PostgreSQL decided as on SQLite: _lock_problem, _CLAIMS_CHECK, _decide_claim."""
+    from tuning_db import repository
+
+    monkeypatch.setattr(repository, "_claim_on_server", repository._claim_here)
+
+
+def test_claims_decided_on_the_server_answer_as_in_python(pg_url, tmp_path, monkeypatch):
+    on_server = _run_claims(pg_url, SEQUENCE)
+    assert on_server[0][:len(EXPECTED)] == EXPECTED
+    assert on_server[0][-2][2:] == [("claimed", "k_f", False, ""), ("taken", "k_f", False, "")]
+    assert on_server[0][-1] == [("claimed", "k_g", False, ""), ("budget", "", False, "")]
+    assert on_server == _run_claims(f"sqlite:///{tmp_path / 'claims.db'}", SEQUENCE)
+    in_python, name = _fresh_database()
+    try:
+        _claims_in_python(monkeypatch)
+        assert on_server == _run_claims(in_python, SEQUENCE)
+    finally:
+        _drop_database(name)
+
+
+def test_claims_decided_on_the_server_read_nan_as_lapsed(pg_url, monkeypatch):
+    # SQLite stores NaN as NULL (refused by NOT NULL): compared with the Python path on PostgreSQL.
+    sequence = [("claim", "alice", [("k_a", "va"), ("k_b", "vb")], None, None),
+                ("expire", "va", "nan"), ("expire", "vb", "-inf"),
+                ("claim", "bob", [("k_a", "va"), ("k_b", "vb")], None, None)]
+    on_server = _run_claims(pg_url, sequence)
+    assert on_server[0][1] == [("claimed", "k_a", True, "alice"), ("claimed", "k_b", True, "alice")]
+    in_python, name = _fresh_database()
+    try:
+        _claims_in_python(monkeypatch)
+        assert on_server == _run_claims(in_python, sequence)
+    finally:
+        _drop_database(name)
+
+
+def _has_claim_function(url: str) -> bool:
+    from sqlalchemy import create_engine, text
+
+    from tuning_db.migrations.functions import CLAIM_MANY_SIGNATURE
+
+    engine = create_engine(url)
+    with engine.connect() as connection:
+        found = connection.execute(text("SELECT to_regprocedure(:name) IS NOT NULL"),
+                                   {"name": CLAIM_MANY_SIGNATURE}).scalar_one()
+    engine.dispose()
+    return found
+
+
+def test_a_database_at_0004_upgrades_to_the_claim_function(pg_url):
+    from sqlalchemy import create_engine
+    from test_tuning_db import H100, make_trial
+    from tuning_db import TuningDB, current_revision, migrations
+
+    engine = create_engine(pg_url)
+    with engine.begin() as connection:
+        migrations.upgrade_to(connection, "0004_trial_claims")
+    assert current_revision(pg_url) == "0004_trial_claims" and not _has_claim_function(pg_url)
+    with TuningDB(pg_url) as db:  # upgraded at open
+        assert current_revision(pg_url) == "0005_claim_function" and _has_claim_function(pg_url)
+        assert db.claim(H100, make_trial("gemv_a"), "v1", "w1", 60.0, budget=1).status == "claimed"
+        assert db.claim(H100, make_trial("gemv_b"), "v2", "w1", 60.0, budget=1).status == "budget"
+    with engine.begin() as connection:
+        migrations.downgrade_to(connection, "0004_trial_claims")
+    assert not _has_claim_function(pg_url)
+    engine.dispose()
+
+
+def test_a_new_database_gets_the_claim_function(pg_url):
+    from tuning_db import upgrade
+
+    upgrade(pg_url)  # created from the models (create_head), not by the scripts
+    assert _has_claim_function(pg_url)

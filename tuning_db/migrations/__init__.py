@@ -17,6 +17,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
+from tuning_db.migrations.functions import create_functions
 from tuning_db.models import Base
 
 SCRIPT_LOCATION = Path(__file__).resolve().parent
@@ -28,7 +29,7 @@ MIGRATION_LOCK_KEY = 0x6175746F67656E  # PostgreSQL advisory lock id: "autogen" 
 # The newest revision in versions/ (tests check it against Alembic's script directory). Opening a
 # database already at this revision needs no Alembic at all: importing Alembic and reading the
 # scripts cost a quarter of a second, on every `autogen tune` answered from the database.
-HEAD_REVISION = "0004_trial_claims"
+HEAD_REVISION = "0005_claim_function"
 
 
 class ForeignDatabaseError(Exception):
@@ -139,8 +140,9 @@ def create_head(connection: Connection) -> str:
     without importing Alembic and running every migration script in turn (a large share of a
     cold `autogen tune`: docs/history/sessions.md, eleventh session). The models name every
     constraint as the migrations do (tests compare the two schemas), so later migrations find
-    them."""
+    them; on PostgreSQL, the functions too (functions.py)."""
     Base.metadata.create_all(connection)
+    create_functions(connection)
     _VERSION.create(connection)
     connection.execute(_VERSION.insert().values(version_num=HEAD_REVISION))
     return HEAD_REVISION
