@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, ForeignKey, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, MetaData, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from tuning_db.records import DeviceIdentity, TrialRecord, ValidationRecord, WinnerRecord
@@ -55,6 +55,12 @@ class GpuRow(Base):
         }
 
 
+# The conditions of the partial indexes on what a claim counts (autogen_claim_many's read, which
+# states them as these constants, so the planner matches them).
+COUNTED_TRIALS = "status <> 'rejected'"
+RUNNING_CLAIMS = "state = 'running'"
+
+
 class TrialRow(Base):
     """One measured, failed or rejected variant; a re-measurement replaces the row in place."""
 
@@ -64,6 +70,9 @@ class TrialRow(Base):
             "gpu_id", "family", "dtype", "shape_key", "kernel_name", "cache_mode",
             name="uq_autogen_trials_key",
         ),
+        # The trials a problem's budget counts (revision 0005), read under the claims' lock.
+        Index("ix_autogen_trials_counted", "gpu_id", "family", "dtype", "shape_key", "cache_mode",
+              postgresql_where=text(COUNTED_TRIALS), sqlite_where=text(COUNTED_TRIALS)),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -248,6 +257,9 @@ class ClaimRow(Base):
             "gpu_id", "family", "dtype", "shape_key", "cache_mode", "variant",
             name="uq_autogen_claims_key",
         ),
+        # The running claims a problem's budget counts (revision 0005), read under its lock.
+        Index("ix_autogen_claims_running", "gpu_id", "family", "dtype", "shape_key", "cache_mode",
+              postgresql_where=text(RUNNING_CLAIMS), sqlite_where=text(RUNNING_CLAIMS)),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
