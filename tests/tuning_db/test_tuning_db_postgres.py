@@ -208,11 +208,17 @@ def _run_claims(url: str, sequence) -> tuple[list, list]:
     return answers, claims
 
 
-def _claims_in_python(monkeypatch) -> None:
-    """claim_many on PostgreSQL decided as on SQLite: _lock_problem, _CLAIMS_CHECK, _decide_claim."""
+def _run_claims_in_python(monkeypatch, sequence: list) -> tuple[list, list]:
+    """_run_claims on a fresh PostgreSQL database with claim_many decided as on SQLite
+    (_lock_problem, _CLAIMS_CHECK, _decide_claim)."""
     from tuning_db import repository
 
-    monkeypatch.setattr(repository, "_claim_on_server", repository._claim_here)
+    url, name = _fresh_database()
+    try:
+        monkeypatch.setattr(repository, "_claim_on_server", repository._claim_here)
+        return _run_claims(url, sequence)
+    finally:
+        _drop_database(name)
 
 
 def test_claims_decided_on_the_server_answer_as_in_python(pg_url, tmp_path, monkeypatch):
@@ -221,12 +227,7 @@ def test_claims_decided_on_the_server_answer_as_in_python(pg_url, tmp_path, monk
     assert on_server[0][-2][2:] == [("claimed", "k_f", False, ""), ("taken", "k_f", False, "")]
     assert on_server[0][-1] == [("claimed", "k_g", False, ""), ("budget", "", False, "")]
     assert on_server == _run_claims(f"sqlite:///{tmp_path / 'claims.db'}", SEQUENCE)
-    in_python, name = _fresh_database()
-    try:
-        _claims_in_python(monkeypatch)
-        assert on_server == _run_claims(in_python, SEQUENCE)
-    finally:
-        _drop_database(name)
+    assert on_server == _run_claims_in_python(monkeypatch, SEQUENCE)
 
 
 def test_claims_decided_on_the_server_read_nan_as_lapsed(pg_url, monkeypatch):
@@ -236,12 +237,7 @@ def test_claims_decided_on_the_server_read_nan_as_lapsed(pg_url, monkeypatch):
                 ("claim", "bob", [("k_a", "va"), ("k_b", "vb")], None, None)]
     on_server = _run_claims(pg_url, sequence)
     assert on_server[0][1] == [("claimed", "k_a", True, "alice"), ("claimed", "k_b", True, "alice")]
-    in_python, name = _fresh_database()
-    try:
-        _claims_in_python(monkeypatch)
-        assert on_server == _run_claims(in_python, sequence)
-    finally:
-        _drop_database(name)
+    assert on_server == _run_claims_in_python(monkeypatch, sequence)
 
 
 def _has_claim_function(url: str) -> bool:
