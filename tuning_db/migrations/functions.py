@@ -17,9 +17,13 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from tuning_db.models import COUNTED_TRIALS, RUNNING_CLAIMS
+
 CLAIM_MANY_SIGNATURE = ("autogen_claim_many(text[], text[], text[], integer, text, text, text, text, bigint, "
                         "text, double precision, bigint, double precision, text)")
 
+# The counts below state the partial indexes' conditions (tuning_db.models) word for word, so that
+# the planner can use those indexes; the conditions are written once, there.
 CLAIM_MANY = r"""
 CREATE OR REPLACE FUNCTION autogen_claim_many(
     p_variants text[], p_kernel_names text[], p_params text[],
@@ -47,16 +51,16 @@ BEGIN
     SELECT extract(epoch FROM clock_timestamp())::double precision,
            (SELECT count(*) FROM autogen_trials t
              WHERE t.gpu_id = p_gpu_id AND t.family = p_family AND t.dtype = p_dtype
-               AND t.shape_key = p_shape_key AND t.cache_mode = p_cache_mode AND t.status <> 'rejected')
+               AND t.shape_key = p_shape_key AND t.cache_mode = p_cache_mode AND t.COUNTED_TRIALS)
          + (SELECT count(*) FROM autogen_claims c
              WHERE c.gpu_id = p_gpu_id AND c.family = p_family AND c.dtype = p_dtype
-               AND c.shape_key = p_shape_key AND c.cache_mode = p_cache_mode AND c.state = 'running'),
+               AND c.shape_key = p_shape_key AND c.cache_mode = p_cache_mode AND c.RUNNING_CLAIMS),
            ARRAY(SELECT c FROM autogen_claims c
                   WHERE c.gpu_id = p_gpu_id AND c.family = p_family AND c.dtype = p_dtype
                     AND c.shape_key = p_shape_key AND c.cache_mode = p_cache_mode AND c.variant = ANY(p_variants)),
            ARRAY(SELECT t.kernel_name FROM autogen_trials t
                   WHERE t.gpu_id = p_gpu_id AND t.family = p_family AND t.dtype = p_dtype
-                    AND t.shape_key = p_shape_key AND t.cache_mode = p_cache_mode AND t.status <> 'rejected'
+                    AND t.shape_key = p_shape_key AND t.cache_mode = p_cache_mode AND t.COUNTED_TRIALS
                     AND t.kernel_name = ANY(p_kernel_names))
       INTO now_s, launched, batch_rows, stored;
     FOR i IN 1 .. coalesce(array_length(p_variants, 1), 0) LOOP
@@ -100,7 +104,7 @@ BEGIN
     END LOOP;
 END
 $$
-"""
+""".replace("t.COUNTED_TRIALS", "t." + COUNTED_TRIALS).replace("c.RUNNING_CLAIMS", "c." + RUNNING_CLAIMS)
 
 
 def create_functions(connection: Connection) -> None:
