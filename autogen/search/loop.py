@@ -85,8 +85,9 @@ class SearchCounts:
     evaluated: list = field(default_factory=list)  # kernel names evaluated by this loop, in order
     # Seconds this loop's thread spent per part of the search (study_open, ask, prepare, claim,
     # store, wait_gpu, refresh, take_over, wait_others, study_close), its GPU thread's
-    # (gpu_thread_compile_wait, gpu_thread_evaluate), and the process's database work over the
-    # loop (autogen.search.dbstats: db_*): where the search's wall time goes, reported as phases.
+    # (gpu_thread_idle: between variants, none queued; gpu_thread_compile_wait,
+    # gpu_thread_evaluate), and the process's database work over the loop
+    # (autogen.search.dbstats: db_*): where the search's wall time goes, reported as phases.
     spent_s: collections.Counter = field(default_factory=collections.Counter)
 
     def add(self, other: "SearchCounts") -> None:
@@ -185,6 +186,7 @@ class SearchLoop(TakeOver, BatchClaims):
         gpu = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="autogen-gpu")
         pending: collections.deque[tuple[_Pending, concurrent.futures.Future]] = collections.deque()
         self.gpu_best_us = None  # the best time the GPU thread measured in this search
+        self.gpu_free_at = None  # when the GPU thread finished its last variant (gpu_thread_idle)
 
         def submit(entry: _Pending) -> None:
             best = min((t.time_us for t in self.stored.values() if t.status == "ok"), default=None)
@@ -358,6 +360,14 @@ class SearchLoop(TakeOver, BatchClaims):
         """On the "autogen-gpu" thread: wait for the variant's compile, then time it on the GPU
         worker (`best_us`: the best time so far, for stopping a clearly slower variant early).
         Returns the Outcome, or the compile error."""
+        if self.gpu_free_at is not None:  # the GPU waited for the loop to queue this variant
+            self.counts.spent_s["gpu_thread_idle"] += time.monotonic() - self.gpu_free_at
+        try:
+            return self._compiled_and_measured(entry, best_us)
+        finally:
+            self.gpu_free_at = time.monotonic()
+
+    def _compiled_and_measured(self, entry: _Pending, best_us: float | None):
         try:
             with self._timed("gpu_thread_compile_wait"):
                 cubin = entry.future.result()

@@ -166,7 +166,8 @@ class SharedStudy:
     variant this worker measures is added to the shared study as a finished trial, from a
     background thread, off the GPU's critical path. ``refresh`` pulls into the mirror the other
     workers' finished trials and, from autogen's claims, the variants they are measuring now
-    (RUNNING, which TPE's constant liar counts), so every sampler sees every trial.
+    (RUNNING, which TPE's constant liar counts), so every sampler sees every trial; a random
+    sampler, which reads no history, gets none of them.
 
     The shared study itself is opened on that thread too: Optuna's storage on a new database
     (its tables, its Alembic stamp) held up the search's first variant while the GPU waited
@@ -187,6 +188,9 @@ class SharedStudy:
         self._mirror = optuna.storages.InMemoryStorage()
         self.local = optuna.create_study(storage=self._mirror, direction="minimize", sampler=sampler)
         self._mirror_id = self._mirror.get_study_id_from_name(self.local.study_name)
+        # A random sampler reads no history: copying the other workers' trials and claims into its
+        # mirror would only cost this worker's CPU, (workers - 1) copies per trial of its own.
+        self._learns = not isinstance(sampler, optuna.samplers.RandomSampler)
         self._shared_id: int | None = None  # the shared study's id in its storage, once written to
         self._mirrored: set[int] = set()  # numbers of the shared trials in the mirror
         self._known: set[str] = set()  # kernels in the mirror: from autogen's tables, or measured here
@@ -217,6 +221,10 @@ class SharedStudy:
         if now - self._last_refresh < min_interval_s:
             return
         self._last_refresh = now
+        if not self._learns:
+            if wait or self._opened.done():
+                self.wait_open()
+            return
         if wait or self._opened.done():
             self._mirror_finished()
         self._mirror_running()
@@ -327,10 +335,11 @@ class SharedStudy:
         """Mirror what autogen's tables hold of this problem (kernel -> (params, value), every
         run's and worker's), and tell the shared study, in the background, those it does not know
         yet (measured before studies were shared, or by an older autogen)."""
-        for name, (params, value) in measured.items():
-            self._mirror.create_new_trial(self._mirror_id, template_trial=optuna.trial.create_trial(
-                params=params, distributions=dists, value=value))
-            self._known.add(name)
+        if self._learns:
+            for name, (params, value) in measured.items():
+                self._mirror.create_new_trial(self._mirror_id, template_trial=optuna.trial.create_trial(
+                    params=params, distributions=dists, value=value))
+                self._known.add(name)
         self._add_lacking(measured, dists, {})
 
     def _add_lacking(self, measured: dict[str, tuple[dict, float]], dists: dict, attrs: dict) -> None:

@@ -593,6 +593,28 @@ def test_an_older_autogen_s_trials_are_mirrored_with_an_added_parameter_s_old_be
     after.close()
 
 
+def test_a_random_sampler_s_mirror_copies_no_other_worker_s_trials(db_url):
+    """A random sampler reads no history: its worker's refresh copies neither the other workers'
+    finished trials nor their claims, where a TPE worker's copies the finished ones."""
+    from autogen.search.loop import distributions, make_sampler
+
+    dists = distributions(SGEMV.space)
+    db = TuningDB(db_url)
+    key = (DEVICE, "sgemv", "float32", PROBLEM.shape_key, "cold")
+    writer = studies.SharedStudy(db, "history", make_sampler("tpe", 0, dists), {}, dists, "writer", key)
+    configs = [c.as_dict() for c in list(SGEMV.space.enumerate())[:3]]
+    for i, params in enumerate(configs):
+        writer.record(params, dists, float(i + 1), {"kernel": f"k{i}", "status": "ok"})
+    assert writer.close() == 0
+    mirrored = {}
+    for sampler in ("random", "tpe"):
+        reader = studies.SharedStudy(db, "history", make_sampler(sampler, 0, dists), {}, dists, sampler, key)
+        reader.refresh()
+        mirrored[sampler] = [t.params for t in reader.local.get_trials(deepcopy=False)]
+        reader.close()
+    assert mirrored == {"random": [], "tpe": configs}
+
+
 class _Finaliser:
     def __init__(self, path):
         self.path = path

@@ -29,7 +29,7 @@ def test_a_tune_reports_its_phases_and_database_work(db_url, monkeypatch):
                    progress=lambda _line: None, backend_factory=lambda *_args: backend).run()
     phases = result.phases_s
     for part in ("search_ask", "search_claim", "search_store", "search_refresh", "search_gpu_thread_evaluate",
-                 "search_gpu_thread_compile_wait", "search_db_statement", "search_db_lock_wait"):
+                 "search_gpu_thread_compile_wait", "search_gpu_thread_idle", "search_db_statement", "search_db_lock_wait"):
         assert phases[part] >= 0, part
     # Each of the 6 trials was claimed and stored, each in a transaction of its own at least.
     assert phases["search_db_transactions_n"] >= 12
