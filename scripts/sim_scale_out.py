@@ -115,6 +115,7 @@ def worker(args) -> None:
     Path(args.report).write_text(json.dumps({
         "wall_s": wall, "cpu_s": (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
         "evaluated": [name for b in made for name in b.evaluator.evaluated],
+        "met_after_s": [b.evaluator.met_after_s for b in made],  # in the first evaluation's time
         "cpu_at": [c for b in made for c in b.evaluator.cpu_at],
         "db": dbstats.snapshot().__dict__,
         "problems": [{"shape": p.shape_key, "measured": r.measured + r.failed, "phases_s": r.phases_s,
@@ -207,6 +208,9 @@ def run(url: str, processes: int, problems: list[dict], trials: int, eval_ms: fl
                         + (cpu1.children_system - cpu0.children_system), problems, trials, evaluations, recording)
     figures.update(load.figures())
     stamps = figures.pop("_stored_at")  # epoch seconds of every stored trial, in order
+    # The run's throughput over time: a slow start or a long tail, or a steady rate below the ideal.
+    figures["stored_per_half_s"] = [sum(1 for t in stamps if stamps[0] + i / 2 <= t < stamps[0] + (i + 1) / 2)
+                                    for i in range(int(2 * (stamps[-1] - stamps[0])) + 1)] if stamps else []
     window = load.window(stamps[0], stamps[-1]) if len(stamps) > 1 else None
     if window is not None:  # the samples taken within the search's span
         (t0, busy0, total0, server0), (t1, busy1, total1, server1) = window
@@ -335,7 +339,8 @@ def summarise(url: str, docs: list[dict], wall: float, cpu_s: float, problems: l
                                                          / max(1, db_totals.get("row_locked_transactions", 0)), 2), "db_statement_s": round(db_totals["statement_s"], 2),
             "winners": {p["shape"]: p["winner_us"] for d in docs for p in d["problems"] if p["winner_us"]},
             "per_process": [{"wall_s": round(d["wall_s"], 2), "cpu_s": round(d["cpu_s"], 2),
-                             "evaluated": len(d["evaluated"])} for d in docs],
+                             "evaluated": len(d["evaluated"]),
+                             "met_after_s": [round(m, 3) for m in d.get("met_after_s", [])]} for d in docs],
             "phases_s": {k: round(v, 3) for k, v in sorted(phases.items())}}
 
 

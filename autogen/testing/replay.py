@@ -57,13 +57,16 @@ class Meeting:
     folder: str
     parties: int
 
-    def attend(self, problem_mark: str) -> None:
+    def attend(self, problem_mark: str) -> float:
+        """Wait for the others; returns the seconds waited."""
+        began = time.monotonic()
         folder = Path(self.folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{problem_mark}.{os.getpid()}.{time.monotonic_ns()}").touch()
         deadline = time.monotonic() + MEET_TIMEOUT_S
         while len(list(folder.glob(f"{problem_mark}.*"))) < self.parties and time.monotonic() < deadline:
             time.sleep(0.01)
+        return time.monotonic() - began
 
 
 class ReplayEvaluator:
@@ -78,6 +81,7 @@ class ReplayEvaluator:
         self.fault_after = fault_after  # evaluations answered before evaluate raises (a lost GPU)
         self.meeting = meeting  # (the Meeting, this problem's mark): attended before the first evaluation
         self.restarts = 0
+        self.met_after_s = 0.0  # the meeting's wait, within the first evaluation
         self.evaluated: list[str] = []
         self.cpu_at: list[float] = []  # the process's CPU seconds at each evaluation (simulations' cost per trial)
         self.log = log  # (file, problem mark): each evaluation appended as a line, by any process
@@ -88,7 +92,7 @@ class ReplayEvaluator:
         if self.meeting is not None:
             meeting, mark = self.meeting
             self.meeting = None
-            meeting.attend(mark)
+            self.met_after_s = meeting.attend(mark)
         if self.fault_after is not None and len(self.evaluated) >= self.fault_after:
             raise RuntimeError(f"replayed GPU fault after {self.fault_after} evaluations")
         self.evaluated.append(kernel_name)
