@@ -320,15 +320,36 @@ class MultiGpu:
 def tune_problems(problems: list[Problem], options: TuneOptions, progress: Callable[[str], None] = _log,
                   backend_factory=GpuBackend, on_result: Callable[[TuneResult], None] | None = None
                   ) -> list[TuneResult]:
-    """Every problem tuned, on the GPUs of options.gpus (one after another on a single GPU)."""
+    """Every problem tuned, on the GPUs of options.gpus (one after another on a single GPU).
+    Results in the order of ``problems``; ``on_result`` is called as each is done."""
     if options.gpus is None or len(options.gpus) < 2:
-        results = []
-        for problem in problems:
-            results.append(Tuner(problem, options, progress, backend_factory).run())
-            if on_result is not None:
-                on_result(results[-1])
-        return results
+        return _one_after_another(problems, options, progress, backend_factory, on_result)
     return MultiGpu(problems, options, progress, backend_factory, on_result).run()
+
+
+def _one_after_another(problems: list[Problem], options: TuneOptions, progress, backend_factory, on_result
+                       ) -> list[TuneResult]:
+    """Each problem in turn on one GPU. One that another worker is searching now (another process
+    or machine on the database, come to it from its own place in the list: autogen.distributed.order)
+    waits until those nobody has started are done: joined, each would pay its start-up and re-timing
+    for half the trials. By then it is usually complete, and answered from the database; if not,
+    it is joined (the claims keep the budget exact)."""
+    results: dict[int, TuneResult] = {}
+    later = []
+    for index, problem in enumerate(problems):
+        tuner = Tuner(problem, options, progress, backend_factory)
+        if len(problems) > 1 and tuner.searched_elsewhere():
+            progress(f"{problem}: being searched by another worker; tuning the others first")
+            later.append((index, tuner))
+            continue
+        results[index] = tuner.run()
+        if on_result is not None:
+            on_result(results[index])
+    for index, tuner in later:
+        results[index] = tuner.run()
+        if on_result is not None:
+            on_result(results[index])
+    return [results[index] for index in range(len(problems))]
 
 
 def search_as_helper(parent, request: HelpRequest, stop) -> None:

@@ -234,14 +234,31 @@ class Tuner:
         self.result = result
         return result
 
+    def searched_elsewhere(self) -> bool:
+        """Whether another worker (another process or machine on this database) holds live claims
+        of this problem now: it is being searched there. Looked up as _from_database identifies
+        the GPU, without starting anything; False where the GPU cannot be identified so."""
+        identify = self._identify()
+        if identify is None:
+            return False
+        problem = self.problem
+        live = self.db.claims(identify(), problem.family, problem.dtype, problem.shape_key, self.options.cache_mode,
+                              running=True)
+        return any(claim.expires_in_s > 0 for claim in live)
+
+    def _identify(self):
+        """The GPU's identity without a GPU worker (the backend's, or the driver and a record), or None."""
+        identify = getattr(self.backend_factory, "identity", None)
+        if identify is None and self.backend_factory is GpuBackend:
+            identify = identity_for_lookup  # the driver and a record: no CuPy where it holds
+        return identify
+
     def _from_database(self, started: float) -> TuneResult | None:
         """The result of a search that is complete in the database and whose winner is fresh
         here (autogen.catalog.environment), without starting a GPU worker, a compile pool or Optuna;
         None when there is anything to measure, re-time or check."""
         problem, family, options = self.problem, self.family, self.options
-        identify = getattr(self.backend_factory, "identity", None)
-        if identify is None and self.backend_factory is GpuBackend:
-            identify = identity_for_lookup  # the driver and a record: no CuPy where it holds
+        identify = self._identify()
         if identify is None or options.sampler == "exhaustive":
             return None
         device = identify()

@@ -593,6 +593,31 @@ def test_an_older_autogen_s_trials_are_mirrored_with_an_added_parameter_s_old_be
     after.close()
 
 
+def test_a_process_first_tunes_the_problems_no_other_worker_is_searching(db_url):
+    """A problem another worker holds live claims of waits until the others are tuned: by then
+    that worker is usually done with it. Results still come back in the problems' order."""
+    from tuning_db.records import TrialRecord
+
+    db = TuningDB(db_url)
+    config = SGEMV.default_config()
+    other_problem = SGEMV.problem(m=4096, n=16)
+    busy = TrialRecord("sgemv", "float32", PROBLEM.shape_key, "k_bob", config.as_dict(), "rejected")
+    assert db.claim(DEVICE, busy, "v_bob", "bob", 60).status == "claimed"
+    done, lines = [], []
+
+    def on_result(result):
+        done.append(result.problem)
+        db.release_claims("bob")  # bob is done with his problem meanwhile
+
+    options = TuneOptions(db_url=db_url, trials=4, workers=1, sampler="random", seed=0)
+    results = distributed.tune_problems([PROBLEM, other_problem], options, lines.append,
+                                        backend_factory=ReplayBackend.factory(RECORDING), on_result=on_result)
+    assert done == [other_problem, PROBLEM]
+    assert [r.problem for r in results] == [PROBLEM, other_problem]
+    assert all(r.measured + r.failed == 4 for r in results)
+    assert any(str(PROBLEM) in line and "another worker" in line for line in lines)
+
+
 def test_a_random_sampler_s_mirror_copies_no_other_worker_s_trials(db_url):
     """A random sampler reads no history: its worker's refresh copies neither the other workers'
     finished trials nor their claims, where a TPE worker's copies the finished ones."""
