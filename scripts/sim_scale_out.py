@@ -203,10 +203,19 @@ def run(url: str, processes: int, problems: list[dict], trials: int, eval_ms: fl
     if failed:
         raise SystemExit(f"{len(failed)} worker(s) failed; the first's log ends:\n{failed[0]}")
     docs = [json.loads(r.read_text()) for r in reports]
-    evaluations = (folder / "evaluations.log").read_text().splitlines()
+    logged = [line.split() for line in (folder / "evaluations.log").read_text().splitlines()]
+    evaluations = [f"{mark} {kernel}" for mark, kernel, *_ in logged]
     figures = summarise(url, docs, wall, (cpu1.children_user - cpu0.children_user)
                         + (cpu1.children_system - cpu0.children_system), problems, trials, evaluations, recording)
     figures.update(load.figures())
+    # Each evaluating process (tuner or helper): its first and last evaluation and how many, in
+    # seconds from the run's first evaluation: who started late, who ended early.
+    first = min((float(t) for _m, _k, _pid, t in logged), default=0.0)
+    by_pid = collections.defaultdict(list)
+    for _mark, _kernel, pid, t in logged:
+        by_pid[pid].append(float(t) - first)
+    figures["evaluators"] = [{"first_s": round(min(ts), 2), "last_s": round(max(ts), 2), "evaluations": len(ts)}
+                             for ts in sorted(by_pid.values(), key=min)]
     stamps = figures.pop("_stored_at")  # epoch seconds of every stored trial, in order
     # The run's throughput over time: a slow start or a long tail, or a steady rate below the ideal.
     figures["stored_per_half_s"] = [sum(1 for t in stamps if stamps[0] + i / 2 <= t < stamps[0] + (i + 1) / 2)

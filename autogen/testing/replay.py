@@ -84,7 +84,9 @@ class ReplayEvaluator:
         self.met_after_s = 0.0  # the meeting's wait, within the first evaluation
         self.evaluated: list[str] = []
         self.cpu_at: list[float] = []  # the process's CPU seconds at each evaluation (simulations' cost per trial)
-        self.log = log  # (file, problem mark): each evaluation appended as a line, by any process
+        # (file, problem mark): each evaluation appended as a line "mark kernel pid epoch-seconds",
+        # by any process (helper processes' included)
+        self.log = log
         self.retimed: list[list[str]] = []
 
     def evaluate(self, kernel_name: str, cubin: bytes, params: dict, best_us: float | None = None) -> Outcome:
@@ -99,7 +101,7 @@ class ReplayEvaluator:
         self.cpu_at.append(time.process_time())
         if self.log is not None:
             with open(self.log[0], "a") as log:  # one short write per line: processes' lines never mix
-                log.write(f"{self.log[1]} {kernel_name}\n")
+                log.write(f"{self.log[1]} {kernel_name} {os.getpid()} {time.time():.3f}\n")
         if self.delay_s:
             time.sleep(self.delay_s)
         if kernel_name in self.crash_on:

@@ -3,6 +3,8 @@ worker out of budget for the other workers' claims (TakeOver._drain): no timing 
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,6 +98,7 @@ def test_the_replay_aid_logs_each_evaluation_with_its_problem(tmp_path, monkeypa
           progress=lambda _line: None, backend_factory=factory).run()
     lines = log.read_text().splitlines()
     assert len(lines) == 4 and all(line.startswith("sgemv-float32-m8192-n16 ") for line in lines)
+    assert {line.split()[2] for line in lines} == {str(os.getpid())}
 
 
 def test_the_loop_claims_its_variants_in_batches(db_url, monkeypatch):
