@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,13 +52,25 @@ def tune(out: Path, name: str, shapes: list[tuple[int, int]], trials: int, gpus:
     command = [sys.executable, "-m", "autogen", "tune", "sgemv", "--shapes", str(shapes_file),
                "--trials", str(trials), "--db", url, "--json"]
     started = time.monotonic()
-    runs = []
+    runs, logs = [], []
     for i in range(processes):
         gpu_env = {**env, "CUDA_VISIBLE_DEVICES": str(i)} if processes > 1 else env
-        log = open(work / f"stderr{i}.log", "w")
         runs.append(subprocess.Popen(command + (["--gpus", gpus] if processes == 1 else []), env=gpu_env,
-                                     stdout=subprocess.PIPE, stderr=log, text=True))
-    outputs = [run.communicate()[0] for run in runs]
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        logs.append(threading.Thread(target=_timestamped, args=(runs[-1].stderr, work / f"stderr{i}.log", started)))
+        logs[-1].start()
+    outputs = [""] * len(runs)
+
+    def read_output(i: int) -> None:
+        outputs[i] = runs[i].stdout.read()
+
+    readers = [threading.Thread(target=read_output, args=(i,)) for i in range(len(runs))]
+    for thread in readers:
+        thread.start()
+    for thread in readers + logs:
+        thread.join()
+    for run in runs:
+        run.wait()
     wall = time.monotonic() - started
     if any(run.returncode != 0 for run in runs):
         raise SystemExit(f"{' '.join(command)} failed; see {work}/stderr*.log")
@@ -75,6 +88,14 @@ def tune(out: Path, name: str, shapes: list[tuple[int, int]], trials: int, gpus:
     print(f"{name}: {wall:.1f} s", file=sys.stderr, flush=True)
     return {"name": name, "gpus": gpus, "processes": processes, "trials": trials, "shapes": len(shapes),
             "wall_s": round(wall, 2), "winners": winners, "phases_s": [phase_totals(p) for p in per_process]}
+
+
+def _timestamped(stream, path: Path, started: float) -> None:
+    """Copy a process's progress lines to ``path``, each prefixed with the seconds since the run
+    began: when each GPU's first and last trials came (a helper that starts late shows)."""
+    with open(path, "w") as log:
+        for line in stream:
+            log.write(f"{time.monotonic() - started:7.3f} {line}")
 
 
 def phase_totals(documents: list[dict]) -> dict:
