@@ -5,8 +5,14 @@ list of problems. Taken in the same order, they would all start on the first pro
 its trials, and each would pay every problem's fixed costs (its GPU worker, warm start and
 re-timing) for a share of its trials. Each process starts instead at its own place in the list
 and goes round: a problem that another process completed meanwhile is answered from the
-database (autogen.search.tuner), one it is still searching is joined (the claims keep the budget
-exact and no variant measured twice), and a resumed run still tunes every problem.
+database (autogen.search.tuner), one it is still searching is left for later
+(autogen.distributed.multi_gpu), and a resumed run still tunes every problem.
+
+Half the processes go round the other way. Two that walk the same way and reach one problem at
+the same moment (before either has claimed a variant of it, so neither sees the other) share it,
+finish it together and start the next one together again: on two GPUs they shared every problem
+after their first meeting (docs/distributed.md). Walking towards each other, after they meet
+each finds the problems the other has done.
 """
 
 from __future__ import annotations
@@ -35,7 +41,16 @@ def start_offset(count: int, host: str | None = None, pid: int | None = None) ->
     return (zlib.crc32(host.encode()) + pid * stride) % count
 
 
-def in_start_order(items: Sequence[T], offset: int | None = None) -> list[T]:
-    """``items`` rotated to start at ``offset`` (default: this process's start_offset)."""
+def walks_backwards(pid: int | None = None) -> bool:
+    """Whether this process goes round its list backwards: processes started together on one host
+    have consecutive ids, so every other one does."""
+    return (os.getpid() if pid is None else pid) % 2 == 1
+
+
+def in_start_order(items: Sequence[T], offset: int | None = None, backwards: bool | None = None) -> list[T]:
+    """``items`` from ``offset`` round (default: this process's start_offset), forwards or
+    ``backwards`` (default: walks_backwards())."""
     offset = start_offset(len(items)) if offset is None else offset % max(1, len(items))
-    return list(items[offset:]) + list(items[:offset])
+    backwards = walks_backwards() if backwards is None else backwards
+    rotated = list(items[offset:]) + list(items[:offset])
+    return rotated[:1] + rotated[:0:-1] if backwards else rotated
