@@ -226,6 +226,17 @@ def transaction(bind: Engine | Connection, url: str) -> Iterator[Session]:
         yield session
 
 
+@contextmanager
+def autocommitted(engine: Engine, url: str) -> Iterator[Session]:
+    """A session whose every statement is a transaction of its own, committed by the server as
+    the statement ends (the driver's autocommit): a statement that takes a transaction's lock and
+    writes, as autogen_claim_many does, then frees the lock without waiting for a COMMIT from the
+    client. SQLAlchemy errors re-raised as DatabaseError naming ``url``."""
+    with (_errors_named(url), engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection,
+          Session(connection) as session):
+        yield session
+
+
 # SQLite's busy handler sleeps between tries (1 ms growing to 100 ms), so a writer queued behind
 # another wakes up to 100 ms after the lock is free. Writers of one process (the owners of
 # several GPUs, each with its own TuningDB) queue here first, on a lock that wakes the next

@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 from tuning_db import migrations
 from tuning_db.engine import (
     as_url,
+    autocommitted,
     BEGIN_OPTION,
     _create_engine,
     DatabaseError,
@@ -466,19 +467,24 @@ class TuningDB:
         once); one Claim per pair, in order.
 
         PostgreSQL: one call of autogen_claim_many (_claim_on_server), which locks, reads, decides
-        and writes on the server, so the lock is held for the commit's round trip alone, not for
-        the client's. SQLite: the lock (BEGIN IMMEDIATE), one read (_CLAIMS_CHECK), the decision
-        here (_decide_claim), one insert."""
+        and writes on the server, in a statement of its own that the server commits as it ends
+        (autocommitted): the lock is held for no round trip to this process at all, whose threads
+        may be slow to get back to it. SQLite: the lock (BEGIN IMMEDIATE), one read
+        (_CLAIMS_CHECK), the decision here (_decide_claim), one insert."""
         if not wanted:
             return []
         first = wanted[0][0]
         problem_of = lambda t: (t.family, t.dtype, t.shape_key, t.cache_mode)  # noqa: E731
         if any(problem_of(t) != problem_of(first) for t, _v in wanted):
             raise ValueError("claim_many: every variant must be of one problem and cache mode")
+        if self._engine.dialect.name == "postgresql":
+            self._require_writable()
+            with autocommitted(self._engine, self._url) as session:
+                return _claim_on_server(session, self._gpu_id(session, device), wanted, owner, lease_s, budget,
+                                        longest_lease_s)
         with self._write() as session:
-            gpu_id = self._gpu_id(session, device)
-            decide = _claim_on_server if session.connection().dialect.name == "postgresql" else _claim_here
-            return decide(session, gpu_id, wanted, owner, lease_s, budget, longest_lease_s)
+            return _claim_here(session, self._gpu_id(session, device), wanted, owner, lease_s, budget,
+                               longest_lease_s)
 
     def complete_claim(self, device: DeviceIdentity, trial: TrialRecord, variant: str, owner: str) -> TrialRecord:
         """Store the measured ``trial`` and mark its claim done, in one transaction: a variant is
@@ -631,9 +637,12 @@ class TuningDB:
                 path.with_name(path.name + "-wal").exists())
 
     def _write(self) -> AbstractContextManager[Session]:
+        self._require_writable()
+        return _queued_transaction(self._writer, self._url)
+
+    def _require_writable(self) -> None:
         if self._readonly:
             raise DatabaseError(f"{display_url(self._url)} was opened read-only", self._url)
-        return _queued_transaction(self._writer, self._url)
 
     def _upsert(self, session: Session, model: type[Base], values: Mapping[str, Any], key: tuple[str, ...],
                 returning: tuple[str, ...] = ("id",)):
