@@ -332,21 +332,26 @@ def _one_after_another(problems: list[Problem], options: TuneOptions, progress, 
     """Each problem in turn on one GPU. One that another worker is searching now (another process
     or machine on the database, come to it from its own place in the list: autogen.distributed.order)
     waits until those nobody has started are done: joined, each would pay its start-up and re-timing
-    for half the trials. By then it is usually complete, and answered from the database; if not,
-    it is joined (the claims keep the budget exact)."""
+    for half the trials. It is looked for before the problem starts, and again once its GPU worker
+    is ready, before its first claim: two processes that begin a problem at the same moment see
+    nothing of each other at first (measured: docs/distributed.md). By the end the problem is
+    usually complete, and answered from the database; if not, it is joined (the claims keep the
+    budget exact)."""
     results: dict[int, TuneResult] = {}
     later = []
     for index, problem in enumerate(problems):
         tuner = Tuner(problem, options, progress, backend_factory)
-        if len(problems) > 1 and tuner.searched_elsewhere():
+        several = len(problems) > 1
+        result = None if several and tuner.searched_elsewhere() else tuner.run(give_way=several)
+        if result is None:
             progress(f"{problem}: being searched by another worker; tuning the others first")
-            later.append((index, tuner))
+            later.append(index)
             continue
-        results[index] = tuner.run()
+        results[index] = result
         if on_result is not None:
-            on_result(results[index])
-    for index, tuner in later:
-        results[index] = tuner.run()
+            on_result(result)
+    for index in later:
+        results[index] = Tuner(problems[index], options, progress, backend_factory).run()
         if on_result is not None:
             on_result(results[index])
     return [results[index] for index in range(len(problems))]

@@ -103,9 +103,11 @@ class Tuner:
         self.db = TuningDB(options.db_url)
         self._lock = threading.Lock()  # several GPUs' search loops report to one Tuner
 
-    def run(self) -> TuneResult:
+    def run(self, give_way: bool = False) -> TuneResult | None:
         """The whole tune on one GPU (the current one, or options.gpus[0]); answered from the
-        database when there is nothing to measure."""
+        database when there is nothing to measure. ``give_way``: None, nothing measured, where
+        another worker is found searching the problem once this one is ready to search it
+        (autogen.distributed.multi_gpu: two processes that began it at the same moment)."""
         started = time.monotonic()
         answered = self._from_database(started)
         if answered is not None:
@@ -119,6 +121,8 @@ class Tuner:
                 end = refresh(self.family, self.problem, self.options, self.db, self.device, backend,
                               self.progress)
                 return self._done(backend, result, end, started, searched=self.ready)
+            if give_way and self.searched_elsewhere(self.device):
+                return None
             self.search(backend, started, device_index)
             self.end(backend, result, started)
         return result
@@ -234,15 +238,17 @@ class Tuner:
         self.result = result
         return result
 
-    def searched_elsewhere(self) -> bool:
+    def searched_elsewhere(self, device=None) -> bool:
         """Whether another worker (another process or machine on this database) holds live claims
-        of this problem now: it is being searched there. Looked up as _from_database identifies
-        the GPU, without starting anything; False where the GPU cannot be identified so."""
-        identify = self._identify()
-        if identify is None:
-            return False
+        of this problem now on ``device``: it is being searched there. Without ``device``, the GPU
+        is identified as _from_database does, without starting anything; False where it cannot be."""
+        if device is None:
+            identify = self._identify()
+            if identify is None:
+                return False
+            device = identify()
         problem = self.problem
-        live = self.db.claims(identify(), problem.family, problem.dtype, problem.shape_key, self.options.cache_mode,
+        live = self.db.claims(device, problem.family, problem.dtype, problem.shape_key, self.options.cache_mode,
                               running=True)
         return any(claim.expires_in_s > 0 for claim in live)
 

@@ -618,6 +618,37 @@ def test_a_process_first_tunes_the_problems_no_other_worker_is_searching(db_url)
     assert any(str(PROBLEM) in line and "another worker" in line for line in lines)
 
 
+def test_a_process_gives_way_where_another_began_the_problem_at_the_same_moment(db_url):
+    """Bob claims his first variant of the problem while this process starts its GPU worker for
+    it (neither saw the other before): found before this process's first claim, the problem waits
+    for the end of the list, with nothing measured of it meanwhile."""
+    from tuning_db.records import TrialRecord
+
+    db = TuningDB(db_url)
+    busy = TrialRecord("sgemv", "float32", PROBLEM.shape_key, "k_bob", SGEMV.default_config().as_dict(), "rejected")
+    other_problem = SGEMV.problem(m=4096, n=16)
+    backends = []
+
+    def factory(*_args, **_kwargs):  # no identity: the first look, before the start, sees nothing
+        if not backends:
+            assert db.claim(DEVICE, busy, "v_bob", "bob", 60).status == "claimed"
+        backends.append(ReplayBackend(RECORDING))
+        return backends[-1]
+
+    done, lines = [], []
+
+    def on_result(result):
+        done.append((result.problem, result.measured + result.failed))
+        db.release_claims("bob")
+
+    options = TuneOptions(db_url=db_url, trials=4, workers=1, sampler="random", seed=0)
+    distributed.tune_problems([PROBLEM, other_problem], options, lines.append, backend_factory=factory,
+                              on_result=on_result)
+    assert done == [(other_problem, 4), (PROBLEM, 4)]
+    assert backends[0].evaluator.evaluated == []  # the first start measured nothing
+    assert any(str(PROBLEM) in line and "another worker" in line for line in lines)
+
+
 def test_a_random_sampler_s_mirror_copies_no_other_worker_s_trials(db_url):
     """A random sampler reads no history: its worker's refresh copies neither the other workers'
     finished trials nor their claims, where a TPE worker's copies the finished ones."""
