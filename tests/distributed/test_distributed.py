@@ -566,6 +566,19 @@ def test_a_worker_s_trials_reach_the_shared_study_in_batches(db_url):
     assert len(optuna.load_study(study_name="batches", storage=db_url).trials) == len(configs)
 
 
+def _three_trials_written(db, name: str, dists: dict, key: tuple) -> list[dict]:
+    """The shared study ``name`` with the space's first three points written by another worker
+    (finished, values 1, 2, 3); their params."""
+    from autogen.search.loop import make_sampler
+
+    writer = studies.SharedStudy(db, name, make_sampler("tpe", 0, dists), {}, dists, "writer", key)
+    configs = [c.as_dict() for c in list(SGEMV.space.enumerate())[:3]]
+    for i, params in enumerate(configs):
+        writer.record(params, dists, float(i + 1), {"kernel": f"k{i}", "status": "ok"})
+    assert writer.close() == 0
+    return configs
+
+
 def test_an_older_autogen_s_trials_are_mirrored_with_an_added_parameter_s_old_behaviour(db_url):
     """A shared study written before a parameter was added: its trials reach the local mirror
     completed (Space.complete), so TPE, which fits only trials holding its whole space, uses them."""
@@ -575,11 +588,7 @@ def test_an_older_autogen_s_trials_are_mirrored_with_an_added_parameter_s_old_be
     old_dists = distributions(SGEMV.space)
     db = TuningDB(db_url)
     key = (DEVICE, "sgemv", "float32", PROBLEM.shape_key, "cold")
-    before = studies.SharedStudy(db, "grown", make_sampler("tpe", 0, old_dists), {}, old_dists, "old", key)
-    configs = [c.as_dict() for c in list(SGEMV.space.enumerate())[:3]]
-    for i, params in enumerate(configs):
-        before.record(params, old_dists, float(i + 1), {"kernel": f"k{i}", "status": "ok"})
-    assert before.close() == 0
+    configs = _three_trials_written(db, "grown", old_dists, key)
 
     grown = Space(SGEMV.space.params + (Param("probe", ("off", "on"), "pb", added_with_default="off"),),
                   SGEMV.space.constraints)
@@ -657,11 +666,7 @@ def test_a_random_sampler_s_mirror_copies_no_other_worker_s_trials(db_url):
     dists = distributions(SGEMV.space)
     db = TuningDB(db_url)
     key = (DEVICE, "sgemv", "float32", PROBLEM.shape_key, "cold")
-    writer = studies.SharedStudy(db, "history", make_sampler("tpe", 0, dists), {}, dists, "writer", key)
-    configs = [c.as_dict() for c in list(SGEMV.space.enumerate())[:3]]
-    for i, params in enumerate(configs):
-        writer.record(params, dists, float(i + 1), {"kernel": f"k{i}", "status": "ok"})
-    assert writer.close() == 0
+    configs = _three_trials_written(db, "history", dists, key)
     mirrored = {}
     for sampler in ("random", "tpe"):
         reader = studies.SharedStudy(db, "history", make_sampler(sampler, 0, dists), {}, dists, sampler, key)
