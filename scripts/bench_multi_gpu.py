@@ -52,13 +52,18 @@ def tune(out: Path, name: str, shapes: list[tuple[int, int]], trials: int, gpus:
     command = [sys.executable, "-m", "autogen", "tune", "sgemv", "--shapes", str(shapes_file),
                "--trials", str(trials), "--db", url, "--json"]
     started = time.monotonic()
-    runs, logs = [], []
+    runs = []
     for i in range(processes):
         gpu_env = {**env, "CUDA_VISIBLE_DEVICES": str(i)} if processes > 1 else env
         runs.append(subprocess.Popen(command + (["--gpus", gpus] if processes == 1 else []), env=gpu_env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        logs.append(threading.Thread(target=_timestamped, args=(runs[-1].stderr, work / f"stderr{i}.log", started)))
-        logs[-1].start()
+    # The log threads start after every process: a thread takes an id from the same counter as a
+    # process, and the processes' consecutive ids are what makes every other one go round its
+    # problems backwards (autogen.distributed.order), as from a shell loop.
+    logs = [threading.Thread(target=_timestamped, args=(run.stderr, work / f"stderr{i}.log", started))
+            for i, run in enumerate(runs)]
+    for log in logs:
+        log.start()
     outputs = [""] * len(runs)
 
     def read_output(i: int) -> None:
