@@ -16,6 +16,7 @@ import atexit
 import concurrent.futures
 import multiprocessing
 import os
+import threading
 
 from autogen.gpu.compile import compile_cubin
 from autogen.gpu.evaluator import WorkSpec
@@ -23,6 +24,13 @@ from autogen.gpu.worker import child_environment, IsolatedEvaluator, stop_with_p
 
 # Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
 _prestarted: dict = {"evaluator": None}
+
+# GPU workers and compile pools of finished backends, kept for the next problem of this process:
+# a new worker cost every problem 0.5-0.7 s of start-up (its interpreter, imports and CUDA context;
+# docs/distributed.md). Workers by GPU (device_index), pools by their number of processes; several
+# GPUs' owner threads keep and take theirs at once.
+_kept: dict = {"workers": {}, "pools": {}}
+_kept_lock = threading.Lock()
 
 
 def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
@@ -82,12 +90,83 @@ def discard_prestarted() -> None:
 
 
 def _adopt(spec: WorkSpec, eval_timeout_s: float):
+    """The prestarted worker of ``spec``, else one kept from an earlier problem on the same GPU
+    (taking up ``spec``), else None."""
     evaluator = _prestarted["evaluator"]
     if evaluator is not None and evaluator.spec == spec:
         evaluator.timeout_s = eval_timeout_s
         _prestarted["evaluator"] = None
         return evaluator
-    return None
+    with _kept_lock:
+        kept = _kept["workers"].pop(spec.device_index, None)
+    if kept is None:
+        return None
+    try:
+        kept.take_up(spec, eval_timeout_s)
+    except Exception:  # lost, or it could not take the problem up: a new worker instead
+        kept.discard()
+        return None
+    return kept
+
+
+def _keep(evaluator: IsolatedEvaluator | None, pool: concurrent.futures.ProcessPoolExecutor | None,
+          workers: int) -> None:
+    """Keep a finished backend's worker (if it is still usable) and compile pool for this
+    process's next problem, each in place of one kept before (which is stopped)."""
+    if not _may_keep():
+        if evaluator is not None:
+            evaluator.close(wait=False)
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+        return
+    stale = []
+    keep_worker = evaluator is not None and evaluator.usable() and evaluator.rest()
+    with _kept_lock:
+        if keep_worker:
+            stale.append(_kept["workers"].pop(evaluator.spec.device_index, None))
+            _kept["workers"][evaluator.spec.device_index] = evaluator
+        elif evaluator is not None:
+            stale.append(evaluator)
+        if pool is not None:
+            old_pool = _kept["pools"].pop(workers, None)
+            if old_pool is not None:
+                old_pool.shutdown(wait=False, cancel_futures=True)
+            _kept["pools"][workers] = pool
+    for worker in stale:
+        if worker is not None:
+            worker.close(wait=False)
+
+
+def _kept_pool(workers: int) -> concurrent.futures.Future | None:
+    """A compile pool of ``workers`` processes kept from an earlier problem, as a done Future."""
+    with _kept_lock:
+        pool = _kept["pools"].pop(workers, None)
+    if pool is None:
+        return None
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(pool)
+    return future
+
+
+@atexit.register
+def _stop_kept() -> None:
+    """At exit: the kept workers asked to stop (not waited for: daemons), the pools shut down."""
+    with _kept_lock:
+        workers, pools = list(_kept["workers"].values()), list(_kept["pools"].values())
+        _kept["workers"].clear(), _kept["pools"].clear()
+    for worker in workers:
+        worker.close(wait=False)
+    for pool in pools:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _may_keep() -> bool:
+    """Whether this process keeps what a finished backend leaves. Not a multiprocessing child
+    (a helper process): it runs no atexit hooks when its work returns, and multiprocessing then
+    joins its children, a kept pool's processes among them, which wait for work forever (measured:
+    a helper's exit waited until its owner stopped it, 35 s; docs/distributed.md). A helper serves
+    one problem anyway."""
+    return multiprocessing.parent_process() is None
 
 
 class GpuBackend:
@@ -113,7 +192,7 @@ class GpuBackend:
 
     def __enter__(self) -> "GpuBackend":
         if self._owns_pool:
-            self._pool_future = _new_pool_soon(self.workers)
+            self._pool_future = _kept_pool(self.workers) or _new_pool_soon(self.workers)
         try:
             # Spawned, not waited for: the first request (or .device) waits for its context.
             self.evaluator = _adopt(self.spec, self.eval_timeout_s) or IsolatedEvaluator(self.spec,
@@ -123,10 +202,16 @@ class GpuBackend:
             raise
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        if self.evaluator is not None:
-            self.evaluator.close(wait=False)  # nothing is left to ask of it
-        self._close_pool()
+    def __exit__(self, exc_type, *exc_info) -> None:
+        """The worker and the compile pool are kept for this process's next problem (_keep);
+        after an error, stopped."""
+        if exc_type is not None:
+            if self.evaluator is not None:
+                self.evaluator.close(wait=False)
+            self._close_pool()
+            return
+        pool = self._pool_future.result() if self._owns_pool else None
+        _keep(self.evaluator, pool, self.workers)
 
     def _close_pool(self) -> None:
         if self._owns_pool:

@@ -100,31 +100,44 @@ class StagesSpent:
     """Seconds the worker spent in each stage of its evaluations so far (phases): a dict."""
 
 
+@dataclass(frozen=True)
+class Serve:
+    """From now on, the problem of ``spec`` (on the same GPU): a worker kept from an earlier
+    problem, its CUDA context and imports already paid. Answers the identity, as a new worker's
+    first message does: (device, free bytes, {})."""
+
+    spec: "WorkSpec"
+
+
 class Evaluator:
     """Validates and times variants of one problem on the current GPU, in this process."""
 
     def __init__(self, spec: WorkSpec):
         began = time.monotonic()
-        importlib.import_module(spec.family_module)  # registers a user's family in this process too
-        if spec.family_recipe:
-            recreate(pickle.loads(spec.family_recipe))  # the parent's own definition of its family
+        _register_family(spec)
         self.cupy = require_cupy()
         imported = time.monotonic()
         self.cupy.cuda.runtime.free(0)  # creates the CUDA context now, where it is timed
         self.startup_s = {"worker_imports": round(imported - began, 3),
                           "worker_context": round(time.monotonic() - imported, 3)}
-        self.family = get_family(spec.family)
-        self.problem = self.family.problem(spec.dtype, **dict(spec.dims))
         queried = time.monotonic()
         self.device = device_identity()
         self.startup_s["worker_device"] = round(time.monotonic() - queried, 3)  # the driver, runtime and NVRTC queried
-        self.cold = spec.cache_mode == "cold"
         self.context_lost = False
-        self._sets: list[dict] | None = None
         self._generator = None
         self._host_generator = None
+        self._use(spec)
+
+    def _use(self, spec: WorkSpec) -> None:
+        """Serve the problem of ``spec``; what an earlier problem left (its input sets, loaded
+        modules, stage times) is let go, its memory back to the device for the next one's sets."""
+        self.family = get_family(spec.family)
+        self.problem = self.family.problem(spec.dtype, **dict(spec.dims))
+        self.cold = spec.cache_mode == "cold"
+        self._sets: list[dict] | None = None
         self._modules: dict[str, object] = {}  # keeps loaded modules alive
         self.spent_s: dict[str, float] = {}  # per stage of evaluate (load, validate, inputs, graph, replay)
+        self.cupy.get_default_memory_pool().free_all_blocks()
 
     def _stage(self, name: str):
         return time_into(self.spent_s, name)
@@ -230,6 +243,10 @@ class Evaluator:
             return self.ceilings()
         if isinstance(request, StagesSpent):
             return {name: round(seconds, 3) for name, seconds in self.spent_s.items()}
+        if isinstance(request, Serve):
+            _register_family(request.spec)
+            self._use(request.spec)
+            return self.device, free_device_memory(), {}
         raise TypeError(f"the GPU worker has no request {type(request).__name__}")
 
     def identity(self):
@@ -242,6 +259,12 @@ class Evaluator:
             int(self.cupy.arange(2).sum())
         except Exception:
             self.context_lost = True
+
+
+def _register_family(spec: WorkSpec) -> None:
+    importlib.import_module(spec.family_module)  # registers a user's family in this process too
+    if spec.family_recipe:
+        recreate(pickle.loads(spec.family_recipe))  # the parent's own definition of its family
 
 
 def one_line(exc: BaseException) -> str:

@@ -18,7 +18,7 @@ import time
 
 from autogen.errors import GpuUnavailableError
 from autogen.gpu.evaluator import (Ceilings, Evaluate, Evaluator, MeasureCeilings, one_line, Outcome, Retime,
-                                   StagesSpent, TimePeer, WorkSpec)
+                                   Serve, StagesSpent, TimePeer, WorkSpec)
 
 STARTUP_TIMEOUT_S = 180.0
 
@@ -232,6 +232,31 @@ class IsolatedEvaluator:
             return self._receive(10.0, "in StagesSpent")
         except (WorkerLost, WorkerError, OSError):
             return {}
+
+    def usable(self) -> bool:
+        """Whether the worker is running and was ready, to be kept for another problem."""
+        return self._process is not None and self._identity is not None and self._process.is_alive()
+
+    def rest(self) -> bool:
+        """Let go of the problem's device memory (its input sets, loaded modules) while the worker
+        is kept for another problem, so that it holds none beside another process's work on the
+        same GPU. False if the worker cannot (lost, or it failed): then it is not to be kept."""
+        try:
+            self.request(Serve(self.spec), timeout_s=STARTUP_TIMEOUT_S)
+            return True
+        except (WorkerLost, WorkerError, GpuUnavailableError):
+            return False
+
+    def take_up(self, spec: WorkSpec, timeout_s: float) -> None:
+        """Serve the problem of ``spec`` on the same GPU from now on (a worker kept from an earlier
+        problem: no new process, imports or CUDA context). Its counts start again: what it waited
+        for is the new problem's (``Serve``: the switch itself). Raises what the request raises
+        (WorkerLost, WorkerError): the caller starts a new worker instead."""
+        if spec.device_index != self.spec.device_index:
+            raise ValueError(f"a worker of GPU {self.spec.device_index} cannot serve GPU {spec.device_index}")
+        self.spec, self.timeout_s = spec, timeout_s
+        self.waited_s, self.restarts = {}, 0
+        self._identity = self.request(Serve(spec), timeout_s=STARTUP_TIMEOUT_S)
 
     def _kill(self) -> int | None:
         process, self._process = self._process, None

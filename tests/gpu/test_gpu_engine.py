@@ -78,3 +78,20 @@ def test_a_shape_too_large_for_gpu_memory_is_a_usage_error(db_url, capsys):
     assert main(["tune", "sgemv", "--m", "2000000000", "--n", "100000", "--db", db_url, "--workers", "1"]) == 2
     err = capsys.readouterr().err
     assert "GiB of GPU memory" in err and "Traceback" not in err
+
+
+def test_the_next_problem_of_a_run_is_served_by_the_same_gpu_worker(db_url):
+    # One GPU worker for the problems of a process (autogen.gpu.backend._keep): the second
+    # problem's worker takes it up (gpu_Serve) with no start of its own, and lets go of the first
+    # problem's input sets (its memory) on the way; both problems validate and get a winner.
+    from autogen.core.registry import get_family
+    from autogen.distributed.multi_gpu import tune_problems
+    from autogen.search.tuner import TuneOptions
+
+    family = get_family("sgemv")
+    problems = [family.problem(m=4096, n=16), family.problem(m=16384, n=128)]
+    results = tune_problems(problems, TuneOptions(trials=3, db_url=db_url, workers=2, sampler="random", seed=0),
+                            lambda _line: None)
+    assert all(result.winner is not None for result in results)
+    second = results[1].phases_s
+    assert "gpu_Serve" in second and "gpu_worker_boot" not in second and results[1].worker_restarts == 0

@@ -166,3 +166,120 @@ def test_a_tune_without_a_gpu_stops_its_prestarted_worker(monkeypatch, capsys):
     assert main(["tune", "sgemv", "--m", "64", "--n", "16"]) == 1
     assert "no NVIDIA GPU" in capsys.readouterr().err
     assert len(stopped) == 1 and backend._prestarted["evaluator"] is None
+
+
+# -- a worker kept from one problem to the next (autogen.gpu.backend._keep) -------------------------
+
+
+def test_a_kept_worker_takes_up_a_problem_with_its_counts_started_again():
+    from autogen.core.registry import get_family
+    from autogen.gpu.evaluator import Serve, WorkSpec
+
+    sent = []
+
+    class Pipe:  # the parent's end: the worker answers the switch with its identity
+        def send(self, message):
+            sent.append(message)
+
+        def poll(self, timeout=None):
+            return True
+
+        def recv(self):
+            return ("ok", ("device", 456, {}), True)
+
+    evaluator = worker_with(types.SimpleNamespace(is_alive=lambda: True))
+    evaluator._conn, evaluator._identity, evaluator.spec = Pipe(), ("device", 123, {}), _spec()
+    evaluator.waited_s, evaluator.restarts, evaluator.timeout_s = {"Evaluate": 3.0}, 2, 60.0
+    problem = get_family("sgemv").problem(m=128, n=16)
+    new = WorkSpec.of(problem, "cold")
+    evaluator.take_up(new, 30.0)
+    assert sent == [Serve(new)] and evaluator.spec == new and evaluator.free_bytes == 456
+    assert evaluator.restarts == 0 and set(evaluator.waited_s) == {"Serve"} and evaluator.timeout_s == 30.0
+    with pytest.raises(ValueError, match="GPU"):
+        evaluator.take_up(WorkSpec.of(problem, "cold", device_index=1), 30.0)
+
+
+def test_a_finished_backend_s_worker_and_pool_serve_the_next_problem_on_its_gpu(monkeypatch):
+    import concurrent.futures
+
+    from autogen.core.registry import get_family
+    from autogen.gpu import backend
+    from autogen.gpu.evaluator import WorkSpec
+
+    made, pools = [], []
+
+    class StandInWorker:
+        def __init__(self, spec, timeout_s=60.0):
+            self.spec, self.taken_up, self.closed = spec, [], False
+            made.append(self)
+
+        def usable(self):
+            return not self.closed
+
+        def rest(self):
+            return True
+
+        def take_up(self, spec, timeout_s):
+            self.taken_up.append(spec)
+            self.spec = spec
+
+        def close(self, wait=True):
+            self.closed = True
+
+        discard = close
+
+    class StandInPool:
+        shut = False
+
+        def shutdown(self, wait=True, cancel_futures=False):
+            self.shut = True
+
+    def new_pool_soon(workers):
+        pools.append(StandInPool())
+        future = concurrent.futures.Future()
+        future.set_result(pools[-1])
+        return future
+
+    monkeypatch.setattr(backend, "IsolatedEvaluator", StandInWorker)
+    monkeypatch.setattr(backend, "_new_pool_soon", new_pool_soon)
+    monkeypatch.setattr(backend, "_kept", {"workers": {}, "pools": {}})
+    monkeypatch.setattr(backend, "_prestarted", {"evaluator": None})
+    other_problem = WorkSpec.of(get_family("sgemv").problem(m=128, n=16), "cold")
+    other_gpu = WorkSpec.of(get_family("sgemv").problem(m=128, n=16), "cold", device_index=1)
+    with backend.GpuBackend(_spec(), 2, 60.0) as first:
+        pass
+    with backend.GpuBackend(other_problem, 2, 60.0) as second:
+        assert second.evaluator is first.evaluator and first.evaluator.taken_up == [other_problem]
+    assert len(pools) == 1 and not pools[0].shut  # one compile pool for both problems
+    with backend.GpuBackend(other_gpu, 2, 60.0) as elsewhere:
+        assert elsewhere.evaluator is not first.evaluator  # another GPU: a worker of its own
+    with pytest.raises(RuntimeError):
+        with backend.GpuBackend(_spec(), 2, 60.0) as failing:
+            raise RuntimeError("mid-problem")
+    assert failing.evaluator.closed and pools[0].shut  # after an error: stopped, not kept
+    backend._stop_kept()
+    assert all(worker.closed for worker in made) and len(made) == 2
+
+
+def _keep_a_pool_and_return() -> None:
+    # In a multiprocessing child (as a helper process is): a compile pool offered to be kept for a
+    # next problem. The child runs no atexit hooks, and multiprocessing joins its non-daemon
+    # children (a kept pool's processes) at its exit: kept, they would hold it forever.
+    from autogen.gpu import backend
+
+    pool = backend._new_pool(1)
+    pool.submit(abs, -1).result()  # the pool's process started and answering
+    backend._keep(None, pool, 1)
+
+
+def test_a_helper_like_child_process_keeps_nothing_and_exits():
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_keep_a_pool_and_return)
+    child.start()
+    child.join(60)
+    exited = child.exitcode is not None
+    if not exited:
+        child.kill()
+        child.join(10)
+    assert exited and child.exitcode == 0
