@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl
 
 from autogen.core.problem import Problem
 from autogen.core.registry import check_family_renders, get_family
+from autogen.distributed.gpu_option import parse_gpus
 from autogen.errors import UsageError
 from autogen.search.lease import check_lease
 
@@ -85,7 +86,6 @@ def check_tune_options(args) -> None:
     if lease is not None:
         check_lease(lease)
     if getattr(args, "gpus", None) is not None:
-        from autogen.distributed.multi_gpu import parse_gpus
         parse_gpus(args.gpus)
 
 

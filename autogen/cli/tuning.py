@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 
 from autogen.cli.options import check_storing_db, check_tune_options, family_of, problems_from_args
+from autogen.distributed.gpu_option import parse_gpus, resolve_gpus
 from autogen.distributed.order import in_start_order
 from autogen.report import to_json, tune_summary, tune_table
 from autogen.search.progress import ProgressOutput
@@ -30,7 +31,7 @@ def tune_documents(args, problems, tables: bool) -> list[dict]:
     in_turn = in_start_order(problems)
     if getattr(args, "gpus", None) is None:
         _prestart_gpu_work(args, in_turn[0])  # before the tuner's imports: they overlap its start-up
-    from autogen.distributed.multi_gpu import parse_gpus, resolve_gpus, tune_problems
+    from autogen.distributed.multi_gpu import tune_problems
     gpus = parse_gpus(getattr(args, "gpus", None))
     from autogen.gpu.device import require_cupy, require_gpu
     from autogen.search.tuner import TuneOptions, check_options

@@ -2,35 +2,37 @@
 
 Problems first: a thread per GPU takes the next problem nobody has started and tunes it as its
 owner: it starts the problem (warm start), runs a search loop, then re-times the finalists on
-its own GPU and stores the winner. The owners' threads share one NVRTC compile pool.
+its own GPU and stores the winner. The first GPU's owner runs in this process; every other GPU's
+in that GPU's agent, a process of its own (autogen.distributed.gpu_agent), because the search
+loop's host work is Python: two loops of one process take turns at the GIL, and a 1-GPU search
+is host-bound already (autogen.distributed.gpu_agent has the measurements). This process's
+other threads only pass messages.
 
 Then trials: a GPU that finds no problem left to start helps a problem still being searched,
-with a search loop of its own in a helper process (autogen.distributed.helper_process) on the same shared study: the
-claims of the tuning database keep the loops from measuring a variant twice and hold the trial
-budget, exactly as for workers on several machines (autogen.search.loop). A process, not a thread of
-this one, because the search loop's host work is Python: two loops of one process take turns at
-the GIL, and a 1-GPU search is host-bound already (autogen.distributed.helper_process has the measurements). So 8
-problems spread over 2 GPUs four by four, and 1 problem gets both GPUs; the owner waits for its
-helpers' search loops before it re-times, so the winner is chosen on one GPU from every
-measurement, and the helpers' counts (measured, failed, taken over, time spent) are added to its
-result, which lists their GPUs.
+with a search loop of its own in its agent on the same shared study: the claims of the tuning
+database keep the loops from measuring a variant twice and hold the trial budget, exactly as for
+workers on several machines (autogen.search.loop). So 8 problems spread over 2 GPUs four by
+four, and 1 problem gets both GPUs; the owner waits for its helpers' search loops before it
+re-times, so the winner is chosen on one GPU from every measurement, and the helpers' counts
+(measured, failed, taken over, time spent) are added to its result, which lists their GPUs.
 
-When a helper is started: its interpreter, imports, GPU worker and compile pool take a couple of
-seconds, during which it measures nothing, so a GPU helps a problem only while at least
-HELP_MIN_TRIALS_LEFT trials of its budget are neither stored nor claimed (its whole budget until
-its owner has begun); with fewer, the owner alone measures them in about the time a helper
-takes to start. Hence:
+When a helper starts: an agent's interpreter and imports, and a problem's GPU worker and compile
+pool where the agent has none kept, take up to a couple of seconds, during which it measures
+nothing, so a GPU helps a problem only while at least HELP_MIN_TRIALS_LEFT trials of its budget
+are neither stored nor claimed (its whole budget until its owner has begun); with fewer, the
+owner alone measures them in about the time a helper takes to start. Hence:
 
 * where there are fewer problems than GPUs (and the budget is large enough), the spare GPUs'
-  helpers are spawned at once, with the owners, so that their start-up overlaps the owners' own;
+  agents are spawned at once, with the owners, so that their start-up overlaps the owners' own;
   each waits for its owner's begin() before it searches;
 * at the tail of a run (a GPU done with its problems while others still search), a GPU helps only
   a problem whose owner has most of a large budget left; otherwise it rests.
 
 An owner whose search is over waits for the helpers that are searching, never for one still
-starting: that one is told to stop once it is ready. A helper that fails or dies is reported on
-the progress output; the owner's search and result stand, and a killed helper's claimed variants
-are taken over by the owner when their leases lapse (autogen.search.loop).
+starting: that one is told to leave the problem once it is ready. A helper that fails or dies is
+reported on the progress output; the owner's search and result stand, and a killed helper's
+claimed variants are taken over by the owner when their leases lapse (autogen.search.loop). An
+owner's agent that dies fails its problem, and the GPU goes on with a new agent.
 """
 
 from __future__ import annotations
@@ -42,8 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from autogen.core.problem import Problem
-from autogen.distributed.helper_process import HelperProcess, HelpRequest
-from autogen.errors import UsageError
+from autogen.distributed.gpu_agent import EXIT_S, Finish, Go, GpuAgent, HelpRequest, OwnRequest
 from autogen.gpu.backend import GpuBackend
 from autogen.report import terminal_text
 from autogen.search.progress import TrialDone
@@ -55,36 +56,9 @@ def _log(message: str) -> None:
     print(terminal_text(message), file=sys.stderr, flush=True)
 
 
-def parse_gpus(text: str | None) -> tuple[int, ...] | str | None:
-    """`--gpus`: "all", or device ordinals "0,1,3" (each once); None when not given."""
-    if text is None:
-        return None
-    if text.strip() == "all":
-        return "all"
-    items = [item.strip() for item in text.split(",")]
-    if not items or any(not item.isdigit() or not item.isascii() for item in items):
-        raise UsageError(f"--gpus expects 'all' or device numbers separated by commas, like 0,1; got {text!r}")
-    ordinals = tuple(int(item) for item in items)
-    if len(set(ordinals)) != len(ordinals):
-        raise UsageError(f"--gpus names a GPU twice: {text!r}")
-    return ordinals
-
-
-def resolve_gpus(gpus, count: int) -> tuple[int, ...] | None:
-    """Ordinals to use, given how many GPUs this process sees."""
-    if gpus is None:
-        return None
-    if gpus == "all":
-        return tuple(range(count))
-    missing = [g for g in gpus if g >= count]
-    if missing:
-        raise UsageError(f"--gpus {','.join(map(str, gpus))}: this machine has {count} GPU(s), numbered 0 to {count - 1}")
-    return tuple(gpus)
-
-
 # A GPU left without a problem joins one being searched only while at least this many of its
 # trials are neither stored nor claimed. A 1-GPU sgemv search measures this many in about the
-# time a helper process takes to start (docs/distributed.md): with fewer trials left, the owner
+# time a helper takes to start (docs/distributed.md): with fewer trials left, the owner
 # alone is done about when the helper would begin.
 HELP_MIN_TRIALS_LEFT = 60
 
@@ -96,10 +70,11 @@ class _Job:
     index: int
     state: str = "waiting"  # waiting -> searching -> finishing -> done
     started: float = 0.0  # when its owner started it (time.monotonic()); helpers' timeouts count from it
-    helpers: int = 0  # helper processes started for it and not over yet
+    helpers: int = 0  # helpers asked to join it and not over yet
     searching_helpers: int = 0  # those told to search: the owner waits for them before re-timing
     joined: set = field(default_factory=set)  # GPUs that chose it to help (each does so once)
     ready: threading.Event = field(default_factory=threading.Event)  # the owner's begin() is over
+    searches: list = field(default_factory=list)  # helpers' (GPU, SearchCounts), for an owner in an agent
     result: TuneResult | None = None
     error: BaseException | None = None
 
@@ -110,15 +85,19 @@ class MultiGpu:
     def __init__(self, problems: list[Problem], options: TuneOptions, progress: Callable[[str], None] = _log,
                  backend_factory=GpuBackend, on_result: Callable[[TuneResult], None] | None = None):
         self.options, self.progress = options, progress
-        self.backend_factory = backend_factory  # helper processes get it pickled: GpuBackend, or a test aid
+        self.backend_factory = backend_factory  # agents get it pickled: GpuBackend, or a test aid
         self.on_result = on_result
         self.gpus = tuple(options.gpus or ())
         if len(self.gpus) < 2:
             raise ValueError("MultiGpu needs two GPUs or more; Tuner.run tunes on one")
-        self.jobs = [_Job(p, Tuner(p, options, self._progress_for(p), backend_factory), i)
+        # Each process's compile pool (this one's and every agent's) gets its share of the cores
+        # that one GPU's tuning takes.
+        self.gpu_options = replace(options, workers=max(1, options.workers // len(self.gpus)))
+        self.jobs = [_Job(p, Tuner(p, self.gpu_options, self._progress_for(p), backend_factory), i)
                      for i, p in enumerate(problems)]
         self.lock = threading.Condition()
-        self.helper_processes: list[HelperProcess] = []  # every one started, reaped at the end
+        self.agents: dict[int, GpuAgent] = {}  # by GPU; every one started is reaped at the end
+        self.all_agents: list[GpuAgent] = []
         self.started = time.monotonic()
 
     def _progress_for(self, problem: Problem) -> Callable[[str], None]:
@@ -131,15 +110,12 @@ class MultiGpu:
         return report
 
     def run(self) -> list[TuneResult]:
-        # The owners' compile pool (GpuBackend.compile_pool: a Future) starts on a thread while
-        # the GPU workers and helper processes start.
-        make_pool = getattr(self.backend_factory, "compile_pool", None)
-        self.pool = make_pool(self.options.workers) if callable(make_pool) else None
         # The first problems go to the GPUs in order; a GPU left over starts helping at once.
         first = dict(zip(self.gpus, self.jobs))
         for job in first.values():
             job.state = "searching"
         threads = []
+        over = False
         try:
             for gpu in self.gpus:
                 thread = threading.Thread(target=self._gpu_main, args=(gpu, first.get(gpu)), name=f"gpu {gpu}",
@@ -150,22 +126,33 @@ class MultiGpu:
             for thread in threads:
                 while thread.is_alive():  # joined in slices, so Ctrl-C reaches this thread
                     thread.join(0.2)
+            over = True
         finally:
-            self._end_helpers()
-            if self.pool is not None:
-                self.pool.result().shutdown(cancel_futures=True)
+            self._end_agents(over)
         errors = [job.error for job in self.jobs if job.error is not None]
         if errors:
             raise errors[0]
         return [job.result for job in self.jobs]
 
-    def _end_helpers(self) -> None:
-        """Reap every helper process: after a normal run they are over; after Ctrl-C or an
-        error they are stopped now (they ignore Ctrl-C themselves: autogen.distributed.helper_process)."""
+    def _end_agents(self, over: bool) -> None:
+        """Reap every agent: once every GPU's thread is ``over``, each agent is between requests
+        and leaves when told (all of them at once); after Ctrl-C or an error they are stopped now
+        (they ignore Ctrl-C themselves: autogen.distributed.gpu_agent)."""
         with self.lock:
-            helpers = list(self.helper_processes)
-        for helper in helpers:
-            helper.end(grace_s=0)
+            agents = list(self.all_agents)
+        for agent in agents:
+            agent.send(None)
+        for agent in agents:
+            agent.end(grace_s=EXIT_S if over else 0)
+
+    def _agent(self, gpu: int) -> GpuAgent:
+        """``gpu``'s agent, started now if it has none (or its last one died)."""
+        with self.lock:
+            agent = self.agents.get(gpu)
+            if agent is None or agent.exited:
+                agent = self.agents[gpu] = GpuAgent(gpu, serve_request)
+                self.all_agents.append(agent)
+            return agent
 
     # -- one thread per GPU -------------------------------------------------------------------------
 
@@ -212,26 +199,57 @@ class MultiGpu:
                 self.lock.notify_all()
 
     def _tune(self, job: _Job, gpu: int) -> None:
-        tuner = job.tuner
-        job.started = started = time.monotonic()
-        with tuner.open_backend(gpu, self.pool) as backend:
-            result = tuner.begin(backend, started)
-            job.ready.set()
-            tuner.search(backend, started, gpu, slot=0)
-            with self.lock:
-                job.state = "finishing"  # no helper starts searching now; wait for those that are
-                while job.searching_helpers:
-                    self.lock.wait()
-            job.result = tuner.end(backend, result, started)
+        if gpu == self.gpus[0]:
+            self._tune_here(job, gpu)
+        else:
+            self._tune_in_agent(job, gpu)
         with self.lock:
             job.state = "done"
         if self.on_result is not None:
             self.on_result(job.result)
 
+    def _tune_here(self, job: _Job, gpu: int) -> None:
+        tuner = job.tuner
+        job.started = started = time.monotonic()
+        with tuner.open_backend(gpu) as backend:
+            result = tuner.begin(backend, started)
+            job.ready.set()
+            tuner.search(backend, started, gpu, slot=0)
+            self._wait_for_helpers(job)
+            job.result = tuner.end(backend, result, started)
+
+    def _tune_in_agent(self, job: _Job, gpu: int) -> None:
+        """The owner's part in ``gpu``'s agent (serve_request); this thread relays: the owner's
+        begin() to the helpers, and their counts to the owner once they are over."""
+        agent = self._agent(gpu)
+        job.started = time.monotonic()
+        agent.request(OwnRequest(job.problem, self.gpu_options, self.backend_factory, gpu), job.tuner.progress)
+        try:
+            begun = agent.wait_for("begun")
+            if begun is None:
+                raise agent.failure("ended before the problem began")
+            job.tuner.follow(*begun)
+            job.ready.set()
+            if agent.wait_for("searched") is None:
+                raise agent.failure("ended during the search")
+            self._wait_for_helpers(job)
+            agent.send(Finish(tuple(job.searches)))
+            job.result = agent.wait_for("result")
+            if job.result is None:
+                raise agent.failure("ended before the result")
+        finally:
+            agent.finish_request()
+
+    def _wait_for_helpers(self, job: _Job) -> None:
+        with self.lock:
+            job.state = "finishing"  # no helper starts searching now; wait for those that are
+            while job.searching_helpers:
+                self.lock.wait()
+
     # -- helping with a problem ---------------------------------------------------------------------
 
     def _help(self, job: _Job, gpu: int) -> None:
-        """Help ``job`` from a helper process on ``gpu``; whatever goes wrong is reported and
+        """Help ``job`` from ``gpu``'s agent; whatever goes wrong is reported and
         leaves the owner's search alone."""
         if not self._worth_helping(job, gpu):
             return
@@ -247,7 +265,7 @@ class MultiGpu:
                 job.helpers -= 1
 
     def _worth_helping(self, job: _Job, gpu: int) -> bool:
-        """Whether enough of ``job``'s budget is left for a helper process to measure some of it
+        """Whether enough of ``job``'s budget is left for a helper to measure some of it
         once started: HELP_MIN_TRIALS_LEFT trials neither stored nor claimed (its whole budget
         while its owner's begin() is not over: nothing is claimed before)."""
         if not job.ready.is_set():
@@ -262,7 +280,7 @@ class MultiGpu:
                 return False
         if left < HELP_MIN_TRIALS_LEFT:
             self.progress(f"[gpu {gpu}] not helping with {job.problem}: {max(left, 0)} trials left, fewer "
-                          f"than the {HELP_MIN_TRIALS_LEFT} for which a helper process pays off its start")
+                          f"than the {HELP_MIN_TRIALS_LEFT} for which a helper pays off its start")
             return False
         return True
 
@@ -274,35 +292,34 @@ class MultiGpu:
         return self.options.trials - stored - len(tuner.db.claims(*key, running=True))
 
     def _run_helper(self, job: _Job, gpu: int, slot: int) -> None:
-        # The very database this process resolved; a compile pool of its own (this process's
-        # is shared by the owners), the helpers' pools together taking about as many cores again.
-        options = replace(self.options, db_url=job.tuner.db.url,
-                          workers=max(1, self.options.workers // len(self.gpus)))
-        helper = HelperProcess(HelpRequest(job.problem, options, self.backend_factory, gpu, slot),
-                               job.tuner.progress, search_as_helper)
-        with self.lock:
-            self.helper_processes.append(helper)
+        agent = self._agent(gpu)
+        # The very database this process resolved.
+        options = replace(self.gpu_options, db_url=job.tuner.db.url)
+        progress = job.tuner.progress
+        agent.request(HelpRequest(job.problem, options, self.backend_factory, gpu, slot), progress,
+                      on_error=lambda text: progress(f"helper failed: {text}"))
         try:
-            device = helper.ready()  # its start-up, overlapping the owner's
+            device = agent.wait_for("ready")  # its start-up, overlapping the owner's
             if device is None:
                 return  # it failed or died starting (reported)
             job.ready.wait()
-            if not self._join_search(job, gpu, device, helper):
-                helper.stop()
+            if not self._join_search(job, gpu, device, agent):
+                agent.send(None)  # leave this problem
                 return
             try:
-                helper.go(job.tuner.device, job.tuner.start, time.monotonic() - job.started)
-                counts = helper.result()
+                agent.send(Go(job.tuner.device, job.tuner.start, time.monotonic() - job.started))
+                counts = agent.wait_for("counts")
                 if counts is not None:
                     job.tuner.add_search(gpu, counts)
+                    job.searches.append((gpu, counts))
             finally:
                 with self.lock:
                     job.searching_helpers -= 1
                     self.lock.notify_all()
         finally:
-            helper.close()
+            agent.finish_request()
 
-    def _join_search(self, job: _Job, gpu: int, device, helper: HelperProcess) -> bool:
+    def _join_search(self, job: _Job, gpu: int, device, agent: GpuAgent) -> bool:
         """Whether a ready helper searches ``job`` (counted as searching, then): not once its
         owner's search is over or failed, nor on a GPU of another model."""
         with self.lock:
@@ -313,7 +330,7 @@ class MultiGpu:
                               f"not a {job.tuner.device.name}")
                 return False
             job.searching_helpers += 1
-        self.progress(f"[gpu {gpu}] helping with {job.problem} (process {helper.process.pid})")
+        self.progress(f"[gpu {gpu}] helping with {job.problem} (process {agent.process.pid})")
         return True
 
 
@@ -357,8 +374,46 @@ def _one_after_another(problems: list[Problem], options: TuneOptions, progress, 
     return [results[index] for index in range(len(problems))]
 
 
+def serve_request(parent, request, stop) -> None:
+    """An agent's part of a request (autogen.distributed.gpu_agent)."""
+    if isinstance(request, OwnRequest):
+        own_in_agent(parent, request, stop)
+    else:
+        search_as_helper(parent, request, stop)
+
+
+def own_in_agent(parent, request: OwnRequest, stop) -> None:
+    """An owner's part in an agent: begin (its device and starting point to the parent, for the
+    helpers), search, then re-time and store once the parent says every helper is over."""
+    tuner = Tuner(request.problem, request.options, parent.progress, request.backend_factory)
+    started = time.monotonic()
+    with tuner.open_backend(request.device_index) as backend:
+        result = tuner.begin(backend, started)
+        parent.send("begun", (tuner.device, tuner.start))
+        _search_stoppably(tuner, backend, started, request.device_index, 0, stop)
+        parent.send("searched", True)
+        finish = parent.receive()
+        if finish is None or stop.event.is_set():
+            raise KeyboardInterrupt  # told to stop: this agent is over
+        for device_index, counts in finish.searches:
+            tuner.add_search(device_index, counts)
+        result = tuner.end(backend, result, started)
+    parent.send("result", result)
+
+
+def _search_stoppably(tuner: Tuner, backend, started: float, device_index: int, slot: int, stop) -> None:
+    """A search loop that SIGTERM stops at its next step (autogen.distributed.gpu_agent.Stop)."""
+    stop.searching = True
+    try:
+        tuner.search(backend, started, device_index, slot, stop=stop.event)
+    finally:
+        stop.searching = False
+    if stop.event.is_set():
+        raise KeyboardInterrupt
+
+
 def search_as_helper(parent, request: HelpRequest, stop) -> None:
-    """A helper process's part: open its backend, say it is ready, search when told to go."""
+    """A helper's part: open its backend, say it is ready, search when told to go."""
     tuner = Tuner(request.problem, request.options, parent.progress, request.backend_factory)
     with tuner.open_backend(request.device_index) as backend:
         tuner.open_search_soon()  # while the GPU worker creates its CUDA context
@@ -367,10 +422,8 @@ def search_as_helper(parent, request: HelpRequest, stop) -> None:
         if go is None:
             return
         tuner.follow(go.device, go.start)
-        stop.searching = True
         try:
-            tuner.search(backend, time.monotonic() - go.elapsed_s, request.device_index, request.slot,
-                         stop=stop.event)
+            _search_stoppably(tuner, backend, time.monotonic() - go.elapsed_s, request.device_index, request.slot,
+                              stop)
         finally:
-            stop.searching = False
             parent.send("counts", tuner.counts)  # what it measured, also when it failed midway

@@ -29,13 +29,13 @@ _prestarted: dict = {"evaluator": None}
 # a new worker cost every problem 0.5-0.7 s of start-up (its interpreter, imports and CUDA context;
 # docs/distributed.md). Workers by GPU (device_index), pools by their number of processes; several
 # GPUs' owner threads keep and take theirs at once.
-_kept: dict = {"workers": {}, "pools": {}}
+_kept: dict = {"workers": {}, "pools": {}, "in_child": False}
 _kept_lock = threading.Lock()
 
 
 def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     context = multiprocessing.get_context("spawn")
-    # Its workers end with this process, even one killed with SIGKILL (a helper process of
+    # Its workers end with this process, even one killed with SIGKILL (a GPU agent of
     # autogen.distributed.multi_gpu, say): orphaned, they would wait for tasks forever.
     pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_compile_worker_start,
                                                   initargs=(os.getpid(),))
@@ -149,50 +149,50 @@ def _kept_pool(workers: int) -> concurrent.futures.Future | None:
 
 
 @atexit.register
-def _stop_kept() -> None:
-    """At exit: the kept workers asked to stop (not waited for: daemons), the pools shut down."""
+def _stop_kept(wait: bool = False) -> None:
+    """At exit: the kept workers asked to stop (not waited for: daemons), the pools shut down
+    (``wait``: their processes gone before this returns)."""
     with _kept_lock:
         workers, pools = list(_kept["workers"].values()), list(_kept["pools"].values())
         _kept["workers"].clear(), _kept["pools"].clear()
     for worker in workers:
         worker.close(wait=False)
     for pool in pools:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def keep_in_this_child() -> None:
+    """Let this multiprocessing child keep what its backends leave, as a top-level process does:
+    one that tunes problem after problem on its GPU (autogen.distributed.gpu_agent), and calls
+    release_kept() before its work returns."""
+    _kept["in_child"] = True
+
+
+def release_kept() -> None:
+    """Stop what this process keeps, its compile pools' processes gone when this returns: a
+    multiprocessing child's exit joins its children (see _may_keep)."""
+    _kept["in_child"] = False
+    _stop_kept(wait=True)
 
 
 def _may_keep() -> bool:
     """Whether this process keeps what a finished backend leaves. Not a multiprocessing child
-    (a helper process): it runs no atexit hooks when its work returns, and multiprocessing then
-    joins its children, a kept pool's processes among them, which wait for work forever (measured:
-    a helper's exit waited until its owner stopped it, 35 s; docs/distributed.md). A helper serves
-    one problem anyway."""
-    return multiprocessing.parent_process() is None
+    (unless keep_in_this_child): it runs no atexit hooks when its work returns, and multiprocessing
+    then joins its children, a kept pool's processes among them, which wait for work forever
+    (measured: a helper's exit waited until its owner stopped it, 35 s; docs/distributed.md)."""
+    return multiprocessing.parent_process() is None or _kept["in_child"]
 
 
 class GpuBackend:
-    def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float,
-                 pool: concurrent.futures.ProcessPoolExecutor | concurrent.futures.Future | None = None):
+    def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float):
         self.spec = spec
         self.workers = workers
         self.eval_timeout_s = eval_timeout_s
-        # Given: a compile pool shared by the backends of several GPUs, or the Future of one that
-        # is still starting (autogen.distributed.multi_gpu), which the first compile waits for.
-        self._owns_pool = pool is None
         self._pool_future: concurrent.futures.Future = concurrent.futures.Future()
-        if isinstance(pool, concurrent.futures.Future):
-            self._pool_future = pool
-        elif pool is not None:
-            self._pool_future.set_result(pool)
         self.evaluator: IsolatedEvaluator | None = None
 
-    @staticmethod
-    def compile_pool(workers: int) -> concurrent.futures.Future:
-        """A compile pool for the backends of several GPUs, started on a helper thread."""
-        return _new_pool_soon(workers)
-
     def __enter__(self) -> "GpuBackend":
-        if self._owns_pool:
-            self._pool_future = _kept_pool(self.workers) or _new_pool_soon(self.workers)
+        self._pool_future = _kept_pool(self.workers) or _new_pool_soon(self.workers)
         try:
             # Spawned, not waited for: the first request (or .device) waits for its context.
             self.evaluator = _adopt(self.spec, self.eval_timeout_s) or IsolatedEvaluator(self.spec,
@@ -210,12 +210,10 @@ class GpuBackend:
                 self.evaluator.close(wait=False)
             self._close_pool()
             return
-        pool = self._pool_future.result() if self._owns_pool else None
-        _keep(self.evaluator, pool, self.workers)
+        _keep(self.evaluator, self._pool_future.result(), self.workers)
 
     def _close_pool(self) -> None:
-        if self._owns_pool:
-            self._pool_future.result().shutdown(cancel_futures=True)
+        self._pool_future.result().shutdown(cancel_futures=True)
 
     @property
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor:

@@ -52,7 +52,7 @@ PARENT_POLL_S = 0.5
 def stop_with_parent(parent_pid: int) -> None:
     """Send this process SIGTERM once its parent ``parent_pid`` is gone (killed with SIGKILL,
     say), from a daemon thread. A compile worker would otherwise wait on its task queue forever;
-    a helper process (autogen.distributed.helper_process) turns SIGTERM into a clean stop."""
+    a GPU agent (autogen.distributed.gpu_agent) turns SIGTERM into a clean stop."""
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(PARENT_POLL_S)

@@ -118,7 +118,7 @@ class SearchLoop(TakeOver, BatchClaims):
     among the problem's loops (its sampler's seed is offset by it, so two GPUs of one machine do
     not propose the same points). Once ``stop`` is set, the loop gives its claims back and ends
     at its next step, never midway through a database transaction as an exception raised by a
-    signal would (a helper process's SIGTERM: autogen.distributed.helper_process)."""
+    signal would (a GPU agent's SIGTERM: autogen.distributed.gpu_agent)."""
 
     def __init__(self, family, problem: Problem, options, db: TuningDB, device, backend, start,
                  counts: SearchCounts, progress: Callable[[str], None], owner: str | None = None,

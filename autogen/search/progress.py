@@ -22,8 +22,8 @@ from autogen.report import terminal_text
 
 class TrialDone(str):
     """One trial of a search stored: the progress line it always was (a str, so a caller that
-    collects lines gets that line), with where the search stands for a bar. Picklable: a helper
-    process (autogen.distributed.helper_process) sends it to its parent as it is."""
+    collects lines gets that line), with where the search stands for a bar. Picklable: a GPU
+    agent (autogen.distributed.gpu_agent) sends it to its parent as it is."""
 
     FIELDS = ("problem", "done", "stored", "budget", "kernel", "time_us", "best_us", "reason", "gpu")
 

@@ -127,12 +127,10 @@ class Tuner:
             self.end(backend, result, started)
         return result
 
-    def open_backend(self, device_index: int | None = None, pool=None):
-        """A backend for this problem on one GPU; ``pool``, a compile pool shared by several (or
-        the Future of one, starting)."""
+    def open_backend(self, device_index: int | None = None):
+        """A backend for this problem on one GPU."""
         spec = WorkSpec.of(self.problem, self.options.cache_mode, device_index)
-        extra = {"pool": pool} if pool is not None else {}
-        return self.backend_factory(spec, self.options.workers, self.options.eval_timeout_s, **extra)
+        return self.backend_factory(spec, self.options.workers, self.options.eval_timeout_s)
 
     def begin(self, backend, started: float) -> TuneResult:
         """After the first backend is up: check the problem fits, and find where to start."""
@@ -179,7 +177,7 @@ class Tuner:
 
     def add_search(self, device_index: int | None, counts) -> None:
         """Count one search loop's work in this problem's result: a loop of this process, or a
-        helper process's, returned to its owner."""
+        helper's in a GPU agent, returned to its owner."""
         with self._lock:
             self._gpus.append(device_index)
             self.counts.add(counts)
@@ -204,7 +202,7 @@ class Tuner:
             self.add_search(device_index, counts)
 
     def end(self, backend, result: TuneResult, started: float) -> TuneResult:
-        """Once every search loop of this problem is over (helper processes' too): re-time the
+        """Once every search loop of this problem is over (helpers' in GPU agents too): re-time the
         finalists on ``backend``'s GPU and store the winner."""
         from autogen.search.winner import finish
 
@@ -226,7 +224,7 @@ class Tuner:
         result.phases_s = {"imports": round(self.imported - started, 2), "startup": round(self.ready - started, 2),
                            "search": round(searched - self.ready, 2), "finish": round(time.monotonic() - searched, 2)}
         # Where the search loops' threads spent their time (summed over the problem's loops,
-        # helper processes' included).
+        # helpers' in GPU agents included).
         result.phases_s.update({f"search_{k}": round(v, 3) for k, v in sorted(counts.spent_s.items())})
         # Where the GPU worker's time went (seconds waited per request kind, start-up parts).
         result.phases_s.update({f"gpu_{k}": v for k, v in getattr(backend.evaluator, "waited_s", {}).items()})

@@ -28,7 +28,8 @@ from tuning_db import TuningDB, upgrade
 
 from autogen.distributed import multi_gpu as distributed
 from autogen.search import dbstats, studies
-from autogen.distributed.multi_gpu import MultiGpu, parse_gpus, resolve_gpus
+from autogen.distributed.gpu_option import parse_gpus, resolve_gpus
+from autogen.distributed.multi_gpu import MultiGpu
 from autogen.errors import UsageError
 from autogen.core.registry import get_family
 from autogen.testing.replay import ReplayBackend, load
@@ -220,9 +221,10 @@ def test_claims_in_a_batch_decide_each_variant_under_one_lock(url):
 
 # -- several GPUs of one machine (autogen.distributed.multi_gpu) ----------------------------------------------
 #
-# The owner of a problem searches in this process; a GPU that helps it searches in a helper
-# process of its own, whose backend (the replay aid, with its delay) is made there: `made` holds
-# the backends of this process only, and the claims name the process that measured each variant.
+# The first GPU's owners search in this process; every other GPU's owners and every helper search
+# in that GPU's agent, a process of its own, whose backends (the replay aid, with its delay) are
+# made there: `made` holds the backends of this process only, and the claims name the process
+# that measured each variant.
 
 
 def _multi(url, problems, trials, gpus=(0, 1), delay_s=0.02, helped=(), meet_in=None, **replay):
@@ -234,7 +236,7 @@ def _multi(url, problems, trials, gpus=(0, 1), delay_s=0.02, helped=(), meet_in=
     options = TuneOptions(db_url=url, trials=trials, workers=1, lease_s=LEASE_S, gpus=gpus)
     factory = ReplayBackend.factory(RECORDING, delay_s=delay_s, made=made, **_meeting(meet_in, helped), **replay)
     results = MultiGpu(problems, options, progress=lines.append, backend_factory=factory).run()
-    assert multiprocessing.active_children() == []  # every helper process over and reaped
+    assert multiprocessing.active_children() == []  # every agent over and reaped
     return results, made, lines
 
 
@@ -283,16 +285,16 @@ def test_gpus_of_one_process_split_the_problems_then_the_trials(db_url, monkeypa
     monkeypatch.setattr(distributed, "HELP_MIN_TRIALS_LEFT", 20)
     problems = [SGEMV.problem(m=8192 + 64 * i, n=16) for i in range(3)]
     results, made, lines = _multi(db_url, problems, trials=30, delay_s=0.1, helped=problems[2:], meet_in=tmp_path)
-    # This process made the owners' backends only, one per problem over both GPUs, and each
-    # re-timed its problem's finalists once.
-    assert len(made) == 3 and {b.device_index for b in made} == {0, 1}
-    assert [len(b.evaluator.retimed) for b in made] == [1, 1, 1]
+    # This process made the first GPU's owners' backends only, and each re-timed its problem's
+    # finalists once; the second GPU's owner searched in its agent.
+    assert made and {b.device_index for b in made} == {0} and all(len(b.evaluator.retimed) == 1 for b in made)
     for problem, result in zip(problems, results):
         consistent(db_url, 30, problem)
-        assert result.measured + result.failed == 30  # a helper's counts included
+        assert result.winner is not None and result.measured + result.failed == 30  # a helper's counts included
         workers = _claims_by_worker(db_url, problem)
         assert {int(label[3:]) for _pid, label in workers} <= set(result.gpus)
-    assert [p for p, r in zip(problems, results) if _helpers(_claims_by_worker(db_url, p))] == [problems[2]]
+        assert all((pid == os.getpid()) == (label == "gpu0") for pid, label in workers)
+    assert [p for p in problems if len(_claims_by_worker(db_url, p)) > 1] == [problems[2]]
     assert len(results[2].gpus) == 2
     workers = _claims_by_worker(db_url, problems[2])
     print(f"\n[multi-gpu] 3 problems, 30 trials: the third measured {[len(v) for v in workers.values()]} "
@@ -308,18 +310,19 @@ def test_small_budgets_get_no_helper_process(db_url):
     results, made, lines = _multi(db_url, problems, trials=12, delay_s=0.1)
     for problem, result in zip(problems, results):
         consistent(db_url, 12, problem)
-        assert result.measured + result.failed == 12 and len(result.gpus) == 1
-        assert not _helpers(_claims_by_worker(db_url, problem))
-    assert {b.device_index for b in made} == {0, 1} and sum(1 for b in made if b.evaluator.retimed) == 3
+        assert result.winner is not None and result.measured + result.failed == 12 and len(result.gpus) == 1
+        assert len(_claims_by_worker(db_url, problem)) == 1  # its owner alone
+    assert {r.gpus for r in results} == {(0,), (1,)}
+    assert {b.device_index for b in made} == {0} and all(b.evaluator.retimed for b in made)
     assert any("not helping with" in line for line in lines)
 
 
-def _wait_for_helper(url, pid: int, stored: int = 2):
-    """The first claim that a process other than ``pid`` holds, once it has stored ``stored``."""
+def _wait_for_helper(url, pid: int, stored: int = 2, problem=PROBLEM):
+    """The first claim of ``problem`` that a process other than ``pid`` holds, once it has stored ``stored``."""
     db = TuningDB(url)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        claims = [c for c in db.claims(DEVICE, "sgemv", "float32", PROBLEM.shape_key)
+        claims = [c for c in db.claims(DEVICE, "sgemv", "float32", problem.shape_key)
                   if f":{pid}:" not in c.owner]
         if sum(c.state == "done" for c in claims) >= stored:
             held = next((c for c in claims if c.state == "running"), None)
@@ -356,7 +359,7 @@ def test_a_killed_helper_process_loses_nothing_and_its_trial_is_taken_over(url, 
     assert claim.attempts == 2 and _owner_pid(claim) == os.getpid()  # taken over by the owner
     by_helper = [c for c in claims if _owner_pid(c) == _owner_pid(held)]  # stored before it died
     assert result.taken_over >= 1 and result.measured + result.failed == 60 - len(by_helper)
-    assert any(line == "[gpu 1] helper process died (exit code -9)" for line in lines)
+    assert any(line == "[gpu 1] GPU agent died (exit code -9)" for line in lines)
     assert any(line.startswith(f"[gpu 0] taking over {held.kernel_name}") for line in lines)
 
 
@@ -371,7 +374,50 @@ def test_a_helper_process_that_fails_is_reported_and_its_measurements_kept(db_ur
     (helper,) = _helpers(workers := _claims_by_worker(db_url))
     assert len(workers[helper]) == 3
     consistent(db_url, 60)
-    assert "[gpu 1] helper process failed: RuntimeError: replayed GPU fault after 3 evaluations" in lines
+    assert "[gpu 1] helper failed: RuntimeError: replayed GPU fault after 3 evaluations" in lines
+
+
+def test_a_problem_whose_owner_fails_in_its_agent_fails_alone(db_url):
+    # GPU 1's agent owns the second problem; its replayed GPU raises on the 4th evaluation. That
+    # problem fails with the agent's own exception; the first is tuned and stored.
+    problems = [SGEMV.problem(m=8192 + 64 * i, n=16) for i in range(2)]
+    with pytest.raises(RuntimeError, match="replayed GPU fault after 3 evaluations"):
+        _multi(db_url, problems, trials=12, delay_s=0.05, fault_after={1: 3})
+    db = TuningDB(db_url)
+    assert db.winners(family="sgemv", shape_key=problems[0].shape_key)
+    assert not db.winners(family="sgemv", shape_key=problems[1].shape_key)
+
+
+def test_a_killed_owner_s_agent_fails_its_problem_and_the_gpu_goes_on(url, monkeypatch):
+    # The second problem's owner, GPU 1's agent, is killed mid-search: that problem fails (its
+    # claims lapse), and the third problem is still tuned, by GPU 0 or by GPU 1's new agent.
+    monkeypatch.setattr(distributed, "HELP_MIN_TRIALS_LEFT", 1000)  # owners only
+    problems = [SGEMV.problem(m=8192 + 64 * i, n=16) for i in range(3)]
+    lines: list[str] = []
+    options = TuneOptions(db_url=url, trials=30, workers=1, lease_s=TAKEOVER_LEASE_S, gpus=(0, 1))
+    multi = MultiGpu(problems, options, progress=lines.append,
+                     backend_factory=ReplayBackend.factory(RECORDING, delay_s=0.15))
+    errors: list = []
+    runner = threading.Thread(target=lambda: _catch(multi.run, errors))
+    runner.start()
+    held = _wait_for_helper(url, os.getpid(), problem=problems[1])
+    os.kill(_owner_pid(held), signal.SIGKILL)
+    runner.join(120)
+    assert not runner.is_alive() and multiprocessing.active_children() == []
+    (error,) = errors
+    assert "the GPU agent of GPU 1 ended during the search" in str(error)
+    assert any(line == "[gpu 1] GPU agent died (exit code -9)" for line in lines)
+    db = TuningDB(url)
+    assert db.winners(family="sgemv", shape_key=problems[0].shape_key)
+    assert db.winners(family="sgemv", shape_key=problems[2].shape_key)
+    assert not db.winners(family="sgemv", shape_key=problems[1].shape_key)
+
+
+def _catch(call, errors: list) -> None:
+    try:
+        call()
+    except Exception as exc:
+        errors.append(exc)
 
 
 # A trial's time where a test stops or kills a search mid-run: 60 trials of it leave the

@@ -242,7 +242,7 @@ def test_a_finished_backend_s_worker_and_pool_serve_the_next_problem_on_its_gpu(
 
     monkeypatch.setattr(backend, "IsolatedEvaluator", StandInWorker)
     monkeypatch.setattr(backend, "_new_pool_soon", new_pool_soon)
-    monkeypatch.setattr(backend, "_kept", {"workers": {}, "pools": {}})
+    monkeypatch.setattr(backend, "_kept", {"workers": {}, "pools": {}, "in_child": False})
     monkeypatch.setattr(backend, "_prestarted", {"evaluator": None})
     other_problem = WorkSpec.of(get_family("sgemv").problem(m=128, n=16), "cold")
     other_gpu = WorkSpec.of(get_family("sgemv").problem(m=128, n=16), "cold", device_index=1)
@@ -272,14 +272,37 @@ def _keep_a_pool_and_return() -> None:
     backend._keep(None, pool, 1)
 
 
-def test_a_helper_like_child_process_keeps_nothing_and_exits():
+def _keep_a_pool_as_an_agent_and_return() -> None:
+    # A GPU agent keeps what its backends leave from one request to the next, and releases it
+    # before its work returns (autogen.distributed.gpu_agent).
+    from autogen.gpu import backend
+
+    backend.keep_in_this_child()
+    pool = backend._new_pool(1)
+    pool.submit(abs, -1).result()
+    backend._keep(None, pool, 1)
+    assert backend._kept_pool(1).result() is pool  # kept, and taken up by the next backend
+    backend._keep(None, pool, 1)
+    backend.release_kept()
+    assert not backend._kept["pools"]
+
+
+def _exits_within(target, seconds: float) -> bool:
     import multiprocessing
 
-    child = multiprocessing.get_context("spawn").Process(target=_keep_a_pool_and_return)
+    child = multiprocessing.get_context("spawn").Process(target=target)
     child.start()
-    child.join(60)
+    child.join(seconds)
     exited = child.exitcode is not None
     if not exited:
         child.kill()
         child.join(10)
-    assert exited and child.exitcode == 0
+    return exited and child.exitcode == 0
+
+
+def test_a_helper_like_child_process_keeps_nothing_and_exits():
+    assert _exits_within(_keep_a_pool_and_return, 60)
+
+
+def test_an_agent_keeps_between_requests_and_exits_once_it_releases():
+    assert _exits_within(_keep_a_pool_as_an_agent_and_return, 60)
