@@ -27,8 +27,19 @@ from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 SLOTS = 16  # inputs per launch, passed by value (as torch.cat batches its inputs)
 MAX_STAGE_BYTES = 48 * 1024  # static shared memory a block may declare (walk=inputs stages a chunk)
+WIDEST_ELEMENT = 4  # bytes (fp32): a point of the space must build in every dtype
 NARROW_INPUT = 1024  # elements: along axis 1, inputs narrower than this make walk=inputs a seed
 AXES = ("0", "1")
+
+
+def _stage_fits(p) -> str | None:
+    """Space constraint: walk=inputs stages a block's chunk in static shared memory, at most
+    MAX_STAGE_BYTES in the widest dtype."""
+    staged = p["block_size"] * p["elements_per_thread"] * WIDEST_ELEMENT
+    if p["walk"] == "inputs" and staged > MAX_STAGE_BYTES:
+        return f"walk=inputs stages {staged} bytes of fp32 a block: over {MAX_STAGE_BYTES}"
+    return None
+
 
 SPACE = Space(
     params=(
@@ -44,7 +55,7 @@ SPACE = Space(
               "a block stages a chunk of one input (the grid's y) read in packs, then stores it element by "
               "element in y's order, rows found by one division a thread and a carry"),
     ),
-    constraints=(c2.packs_whole,),
+    constraints=(c2.packs_whole, _stage_fits),
 )
 
 
@@ -238,12 +249,9 @@ def _even_input_elements(problem: Problem) -> int:
 
 
 def _inputs_reject_reason(problem: Problem, config: Config) -> str | None:
-    """Pruning of walk=inputs: a stage over the static shared memory a block may declare, or a
-    chunk over twice an input of the nearly equal split (most threads would idle)."""
+    """Pruning of walk=inputs: a chunk over twice an input of the nearly equal split (most
+    threads would idle)."""
     per_block = config["block_size"] * config["elements_per_thread"]
-    staged = per_block * DTYPES[problem.dtype].itemsize
-    if staged > MAX_STAGE_BYTES:
-        return f"walk=inputs stages {staged} bytes a block: over {MAX_STAGE_BYTES}"
     if config["block_size"] > 128 and per_block > 2 * _even_input_elements(problem):
         return f"block_size*elements_per_thread={per_block} is over twice an input of {_even_input_elements(problem)} elements"
     return None
