@@ -26,7 +26,20 @@ from autogen.families import _elementwise as ew
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 SLOTS = 16  # inputs per launch, passed by value (as torch.cat batches its inputs)
+MAX_STAGE_BYTES = 48 * 1024  # static shared memory a block may declare (walk=inputs stages a chunk)
+WIDEST_ELEMENT = 4  # bytes (fp32): a point of the space must build in every dtype
+NARROW_INPUT = 1024  # elements: along axis 1, inputs narrower than this make walk=inputs a seed
 AXES = ("0", "1")
+
+
+def _stage_fits(p) -> str | None:
+    """Space constraint: walk=inputs stages a block's chunk in static shared memory, at most
+    MAX_STAGE_BYTES in the widest dtype."""
+    staged = p["block_size"] * p["elements_per_thread"] * WIDEST_ELEMENT
+    if p["walk"] == "inputs" and staged > MAX_STAGE_BYTES:
+        return f"walk=inputs stages {staged} bytes of fp32 a block: over {MAX_STAGE_BYTES}"
+    return None
+
 
 SPACE = Space(
     params=(
@@ -34,13 +47,15 @@ SPACE = Space(
         Param("elements_per_thread", (1, 2, 4, 8, 16, 32), "ept",
               "elements a thread moves per block, all loaded before any is stored"),
         Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
-        Param("walk", ("rows", "elements", "shift"), "w",
+        Param("walk", ("rows", "elements", "shift", "inputs"), "w",
               "rows: a block copies a chunk of one row of y, each input in it a run (the widest unit both "
               "sides align to, single elements at its ends); elements: a block copies a chunk of one input, "
               "each element finding its row by a division; shift: rows, with 16-byte stores built by funnel "
-              "shifts where a run's source and destination do not align alike (16-byte packs only)"),
+              "shifts where a run's source and destination do not align alike (16-byte packs only); inputs: "
+              "a block stages a chunk of one input (the grid's y) read in packs, then stores it element by "
+              "element in y's order, rows found by one division a thread and a carry"),
     ),
-    constraints=(c2.packs_whole,),
+    constraints=(c2.packs_whole, _stage_fits),
 )
 
 
@@ -90,13 +105,19 @@ class Concat(Family):
     def plan(self, problem: Problem, config: Config) -> list[Step]:
         """ceil(k / SLOTS) launches, each grid the most blocks any split can need (blocks with
         nothing to do return): walk rows, every chunk of y's rows; walk elements, the chunks of
-        the whole output plus one per input."""
+        the whole output plus one per input; walk inputs, (the chunks of one input of the nearly
+        equal split, the launch's inputs): a longer input's blocks stride over it."""
         k, rows, cols, axis = problem["k"], problem["rows"], problem["cols"], int(problem["axis"])
         chunk = config["block_size"] * config["elements_per_thread"]
         scalars = [kernel_scalar(v, np.int32) for v in (rows, cols, axis)]
         steps = []
         for group in range(0, k, SLOTS):
             slots = min(SLOTS, k - group)
+            if config["walk"] == "inputs":
+                launch = Launch(grid=(c2.rounded_up(_even_input_elements(problem), chunk), slots, 1),
+                                block=(config["block_size"], 1, 1))
+                steps.append(Step("", launch, _group_args(group, slots, axis, scalars)))
+                continue
             if config["walk"] != "elements":  # rows and shift
                 blocks = c2.rounded_up(rows * cols, chunk) if axis == 0 else rows * c2.rounded_up(cols, chunk)
             else:
@@ -113,6 +134,8 @@ class Concat(Family):
         per_block = config["block_size"] * config["elements_per_thread"]
         if config["walk"] == "elements" and vw > 1 and cols % vw:
             return f"vector_width={vw} does not divide cols={cols}: rows of y break packs"
+        if config["walk"] == "inputs":
+            return _inputs_reject_reason(problem, config)
         if config["walk"] == "shift" and vw * DTYPES[problem.dtype].itemsize != c2.MAX_PACK_BYTES:
             return f"walk=shift builds 16-byte stores: vector_width={vw} of {problem.dtype} is not 16 bytes"
         if config["walk"] != "elements" and problem["axis"] == "1" and per_block > 2 * cols and config["block_size"] > 128:
@@ -122,11 +145,14 @@ class Concat(Family):
         return None
 
     def seed_configs(self, problem: Problem) -> list[Config]:
-        """Row runs in units of up to 16 bytes, two or four a thread, and in single elements; the
-        shifted row walk; then the element walk with 16-byte packs and with single elements; those
-        pruned left out."""
+        """Along axis 1 with inputs narrower than a row walk's chunk, first the input walk (its
+        blocks never wait on one run after another); then row runs in units of up to 16 bytes, two
+        or four a thread, and in single elements; the shifted row walk; then the element walk with
+        16-byte packs and with single elements; those pruned left out."""
         wide = c2.MAX_PACK_BYTES // DTYPES[problem.dtype].itemsize
-        points = ({"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "rows"},
+        narrow = problem["axis"] == "1" and c2.rounded_up(problem["cols"], problem["k"]) < NARROW_INPUT
+        first = ({"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 128, "walk": "inputs"},) if narrow else ()
+        points = (*first,{"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "rows"},
                   {"vector_width": wide, "elements_per_thread": 4 * wide, "block_size": 128, "walk": "rows"},
                   {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "rows"},
                   {"vector_width": wide, "elements_per_thread": 2 * wide, "block_size": 256, "walk": "shift"},
@@ -213,6 +239,22 @@ class Concat(Family):
             raise ArgumentError(f"out has shape {tuple(outv.shape)}, but the joined array is {shape}")
         problem = self.problem_cached(dtype, (("k", len(kept)), ("rows", shape[0]), ("cols", shape[1]), ("axis", str(axis))))
         return problem, {**{f"x{s}": view for s, view in enumerate(kept)}, "y": outv}, out
+
+
+def _even_input_elements(problem: Problem) -> int:
+    """The elements of the longest input of the nearly equal split (the plans' and host
+    launcher's share of one input)."""
+    k, rows, cols = problem["k"], problem["rows"], problem["cols"]
+    return c2.rounded_up(rows, k) * cols if problem["axis"] == "0" else rows * c2.rounded_up(cols, k)
+
+
+def _inputs_reject_reason(problem: Problem, config: Config) -> str | None:
+    """Pruning of walk=inputs: a chunk over twice an input of the nearly equal split (most
+    threads would idle)."""
+    per_block = config["block_size"] * config["elements_per_thread"]
+    if config["block_size"] > 128 and per_block > 2 * _even_input_elements(problem):
+        return f"block_size*elements_per_thread={per_block} is over twice an input of {_even_input_elements(problem)} elements"
+    return None
 
 
 def _group_args(group: int, slots: int, axis: int, scalars: list):

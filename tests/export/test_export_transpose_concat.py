@@ -29,7 +29,9 @@ WINNERS = {
     "concat": [("float16", {"k": 9, "rows": 2047, "cols": 3001, "axis": "1"},
                 {"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "rows"}),
                ("bfloat16", {"k": 5, "rows": 4099, "cols": 3001, "axis": "0"},
-                {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "elements"})],
+                {"vector_width": 1, "elements_per_thread": 8, "block_size": 256, "walk": "elements"}),
+               ("float32", {"k": 3, "rows": 4099, "cols": 3001, "axis": "1"},
+                {"vector_width": 4, "elements_per_thread": 8, "block_size": 128, "walk": "inputs"})],
 }
 
 

@@ -1,6 +1,8 @@
 """concat's kernels run on the CPU: the rendered CUDA source built as host C++ (the thread and
 block indices made globals), every block and thread of each launch of the family's own plan run in
-turn (the kernels share nothing between threads, so any order is one a GPU may take), inputs and y
+turn (the kernels share nothing between threads, so any order is one a GPU may take; a kernel with
+barriers, walk=inputs, runs each thread of a block as a fiber switched out at __syncthreads until
+all of them reach it, so shared memory is seen as the GPU would order it), inputs and y
 placed as the GPU tests place them (256-byte aligned, or one element past), and y compared with
 numpy's concatenation bit for bit. It checks the walks' index arithmetic, the unit choice at run
 ends and the plan's grids on odd shapes and splits without a GPU."""
@@ -30,7 +32,18 @@ CONFIGS = [  # (dtype, params): every walk, every unit width, single elements, t
     ("float16", {"vector_width": 8, "elements_per_thread": 8, "block_size": 128, "walk": "shift"}),
     ("float32", {"vector_width": 4, "elements_per_thread": 8, "block_size": 128, "walk": "shift"}),
     ("float16", {"vector_width": 2, "elements_per_thread": 4, "block_size": 128, "walk": "shift"}),  # pruned, yet exact
-]
+    ("float16", {"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "inputs"}),
+    ("float32", {"vector_width": 4, "elements_per_thread": 8, "block_size": 128, "walk": "inputs"}),
+    ("bfloat16", {"vector_width": 2, "elements_per_thread": 4, "block_size": 128, "walk": "inputs"}),
+]  # walk=inputs: offset 1 puts each input off a Pack, so its single-element stage runs too
+# Deliberately broken forms of walk=inputs (a renamed copy of the first config's source, one
+# edit): the emulation must catch each, or it proves nothing.
+BROKEN = {
+    "carry": ("            col -= (int)width;\n", "            col -= (int)width - 1;\n"),
+    "barrier": ("        __syncthreads();\n        scatter(", "        scatter("),
+    "tail": ("            for (int v = (int)whole; v < left; ++v)", "            for (int v = (int)whole + 1; v < left; ++v)"),
+}
+BROKEN_BASE = ("float16", {"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "inputs"})
 # (k, rows, cols): odd widths, more inputs than a launch takes, a wide and a narrow one.
 SHAPES = [(1, 1, 1), (3, 7, 33), (9, 67, 301), (17, 40, 33), (3, 5, 4099), (4, 300, 7)]
 
@@ -39,17 +52,80 @@ PRELUDE = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
+#include <ucontext.h>
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __align__(n) alignas(n)
+#define __shared__ static  // one block runs at a time
 struct Dim3 {
     unsigned x = 0, y = 0, z = 0;
 };
 static Dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+// Threads of a block as fibers (walk=inputs has barriers): each runs until __syncthreads or its
+// end; when none can run, all must wait at the barrier (then all go on) or all have ended.
+enum FiberState { READY, WAITING, ENDED };
+static ucontext_t scheduler;
+static std::vector<ucontext_t> fibers;
+static std::vector<FiberState> states;
+static std::vector<char> stacks;
+static std::function<void()> thread_body;
+static int running = -1;
+constexpr std::size_t kStack = 64 * 1024;
+
+inline void __syncthreads()
+{
+    if (running < 0) {
+        std::fprintf(stderr, "__syncthreads outside a fibered block\n");
+        std::abort();
+    }
+    states[running] = WAITING;
+    swapcontext(&fibers[running], &scheduler);
+}
+
+static void fiber_main()
+{
+    thread_body();
+    states[running] = ENDED;  // uc_link returns to the scheduler
+}
+
+// Every thread of the current block (blockIdx set) through `body`, barriers honoured.
+static bool run_fibered_block(int block, std::function<void()> body)
+{
+    thread_body = std::move(body);
+    fibers.resize(block);
+    states.assign(block, READY);
+    stacks.resize((std::size_t)block * kStack);
+    for (int t = 0; t < block; ++t) {
+        getcontext(&fibers[t]);
+        fibers[t].uc_stack.ss_sp = stacks.data() + (std::size_t)t * kStack;
+        fibers[t].uc_stack.ss_size = kStack;
+        fibers[t].uc_link = &scheduler;
+        makecontext(&fibers[t], fiber_main, 0);
+    }
+    for (;;) {
+        for (int t = 0; t < block; ++t) {
+            if (states[t] != READY) continue;
+            running = t;
+            threadIdx.x = t;
+            swapcontext(&scheduler, &fibers[t]);
+        }
+        running = -1;
+        int waiting = 0;
+        for (FiberState s : states) waiting += s == WAITING;
+        if (waiting == 0) return true;
+        if (waiting != block) {
+            std::fprintf(stderr, "block %u: %d threads wait at a barrier the others never reach\n", blockIdx.x, waiting);
+            return false;
+        }
+        states.assign(block, READY);
+    }
+}
 // The CUDA intrinsic: the 64 bits hi:lo shifted right by shift & 31, the low 32 bits.
 inline unsigned int __funnelshift_r(unsigned int lo, unsigned int hi, unsigned int shift)
 {
@@ -58,10 +134,10 @@ inline unsigned int __funnelshift_r(unsigned int lo, unsigned int hi, unsigned i
 """
 
 DRIVER = r"""
-// stdin: variant k rows cols axis offset, the k extents, then per launch its grid; input values
-// from argv[1] (all inputs in order), y written to argv[2].
+// stdin: variant k rows cols axis offset, the k extents, then per launch its grid (x and y);
+// input values from argv[1] (all inputs in order), y written to argv[2].
 template <class E, class K>
-int run(K kernel, int block)
+int run(K kernel, int block, bool fibered)
 {
     int k, rows, cols, axis, offset;
     if (std::scanf("%d %d %d %d %d", &k, &rows, &cols, &axis, &offset) != 5) return 2;
@@ -89,8 +165,8 @@ int run(K kernel, int block)
     }
     int first = 0;
     for (int group = 0; group < k; group += kSlots) {
-        unsigned grid;
-        if (std::scanf("%u", &grid) != 1) return 4;
+        unsigned grid, grid_y;
+        if (std::scanf("%u %u", &grid, &grid_y) != 2) return 4;
         const int slots = k - group < kSlots ? k - group : kSlots;
         const E* x[kSlots];
         int e[kSlots];
@@ -98,10 +174,17 @@ int run(K kernel, int block)
             x[s] = s < slots ? xs[group + s] : y;
             e[s] = s < slots ? extents[group + s] : 0;
         }
-        blockDim.x = block, gridDim.x = grid;
-        for (blockIdx.x = 0; blockIdx.x < grid; ++blockIdx.x)
-            for (threadIdx.x = 0; threadIdx.x < (unsigned)block; ++threadIdx.x)
-                kernel(X_ARGS, E_ARGS, slots, first, y, rows, cols, axis);
+        blockDim.x = block, gridDim.x = grid, gridDim.y = grid_y;
+        for (blockIdx.y = 0; blockIdx.y < grid_y; ++blockIdx.y)
+            for (blockIdx.x = 0; blockIdx.x < grid; ++blockIdx.x) {
+                if (fibered) {
+                    if (!run_fibered_block(block, [&] { kernel(X_ARGS, E_ARGS, slots, first, y, rows, cols, axis); }))
+                        return 5;
+                    continue;
+                }
+                for (threadIdx.x = 0; threadIdx.x < (unsigned)block; ++threadIdx.x)
+                    kernel(X_ARGS, E_ARGS, slots, first, y, rows, cols, axis);
+            }
         for (int s = 0; s < slots; ++s) first += e[s];
     }
     std::FILE* result = std::fopen(ARGV[2], "wb");
@@ -127,11 +210,11 @@ CASES
 def emulator(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("concat_emulated")
     kernels, cases = [], []
-    for index, (dtype, params) in enumerate(CONFIGS):
-        config = CONCAT.space.check(params)
-        kernels.append(render(CONCAT, dtype, config))
+    for index, (dtype, params, name, source) in enumerate(variants()):
+        kernels.append(source)
         elem = "float" if dtype == "float32" else "unsigned short"
-        cases.append(f"    case {index}: return run<{elem}>({CONCAT.kernel_name(dtype, config)}, {params['block_size']});")
+        fibered = "true" if "__syncthreads" in source else "false"
+        cases.append(f"    case {index}: return run<{elem}>({name}, {params['block_size']}, {fibered});")
     driver = (DRIVER.replace("X_ARGS", ", ".join(f"x[{s}]" for s in range(SLOTS)))
               .replace("E_ARGS", ", ".join(f"e[{s}]" for s in range(SLOTS))).replace("CASES", "\n".join(cases)))
     source = work / "emulated.cpp"
@@ -142,6 +225,21 @@ def emulator(tmp_path_factory) -> Path:
         pytest.skip("no g++")
     assert done.returncode == 0, done.stderr[-3000:]
     return binary
+
+
+def variants() -> list[tuple[str, dict, str, str]]:
+    """(dtype, params, kernel name, source): CONFIGS, then BROKEN's copies of BROKEN_BASE."""
+    found = []
+    for dtype, params in CONFIGS:
+        config = CONCAT.space.check(params)
+        found.append((dtype, params, CONCAT.kernel_name(dtype, config), render(CONCAT, dtype, config)))
+    dtype, params = BROKEN_BASE
+    config = CONCAT.space.check(params)
+    name, source = CONCAT.kernel_name(dtype, config), render(CONCAT, dtype, config)
+    for flaw, (old, new) in BROKEN.items():
+        assert source.count(old) == 1, f"{flaw}: {old!r} is not once in {name}"
+        found.append((dtype, params, f"{name}_{flaw}", source.replace(old, new).replace(name, f"{name}_{flaw}")))
+    return found
 
 
 def splits(rng, total: int, k: int) -> list[list[int]]:
@@ -156,19 +254,20 @@ def splits(rng, total: int, k: int) -> list[list[int]]:
     return parts
 
 
-@pytest.mark.parametrize("variant", range(len(CONFIGS)))
-def test_every_launch_of_the_plan_joins_the_inputs_exactly(emulator, tmp_path, variant):
-    dtype, params = CONFIGS[variant]
+def mismatches(emulator, tmp_path, variant: int, dtype: str, params: dict, first_only: bool = False) -> list[str]:
+    """Every launch of the plan on SHAPES along both axes, each split, aligned and one element off:
+    what differs from numpy's concatenation (the first only, with first_only)."""
     storage = np.uint32 if dtype == "float32" else np.uint16
     config = CONCAT.space.check(params)
     rng = np.random.default_rng(variant)
+    wrong_cases = []
     for k, rows, cols in SHAPES:
         for axis in (0, 1):
             total = rows if axis == 0 else cols
             if k > total:
                 continue
             problem = CONCAT.problem(dtype, k=k, rows=rows, cols=cols, axis=str(axis))
-            grids = [step.launch.grid[0] for step in CONCAT.plan(problem, config)]
+            grids = [f"{step.launch.grid[0]} {step.launch.grid[1]}" for step in CONCAT.plan(problem, config)]
             for extents in splits(rng, total, k):
                 for offset in (0, 1):
                     # Random bits with the exponent's top bit clear: finite, never the poison.
@@ -183,8 +282,26 @@ def test_every_launch_of_the_plan_joins_the_inputs_exactly(emulator, tmp_path, v
                     spec = " ".join(map(str, [variant, k, rows, cols, axis, offset, *extents, *grids]))
                     done = subprocess.run([str(emulator), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
                                           input=spec, capture_output=True, text=True, timeout=60)
-                    assert done.returncode == 0, (spec, done.stderr)
-                    got = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype=storage).reshape(rows, cols)
-                    want = np.concatenate(pieces, axis=axis)
-                    wrong = np.flatnonzero(got != want)
-                    assert wrong.size == 0, f"{CONCAT.kernel_name(dtype, config)} on {spec}: {wrong.size} wrong, first {wrong[:5]}"
+                    if done.returncode != 0:
+                        wrong_cases.append(f"{spec}: exit {done.returncode} {done.stderr.strip()}")
+                    else:
+                        got = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype=storage).reshape(rows, cols)
+                        wrong = np.flatnonzero(got != np.concatenate(pieces, axis=axis))
+                        if wrong.size:
+                            wrong_cases.append(f"{spec}: {wrong.size} wrong, first {wrong[:5]}")
+                    if wrong_cases and first_only:
+                        return wrong_cases
+    return wrong_cases
+
+
+@pytest.mark.parametrize("variant", range(len(CONFIGS)))
+def test_every_launch_of_the_plan_joins_the_inputs_exactly(emulator, tmp_path, variant):
+    dtype, params = CONFIGS[variant]
+    wrong = mismatches(emulator, tmp_path, variant, dtype, params)
+    assert not wrong, f"{CONCAT.kernel_name(dtype, CONCAT.space.check(params))}: {wrong[:3]}"
+
+
+@pytest.mark.parametrize("flaw", list(BROKEN))
+def test_a_broken_input_walk_fails_the_emulation(emulator, tmp_path, flaw):
+    dtype, params = BROKEN_BASE
+    assert mismatches(emulator, tmp_path, len(CONFIGS) + list(BROKEN).index(flaw), dtype, params, first_only=True)

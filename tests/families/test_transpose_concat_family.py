@@ -65,6 +65,20 @@ def test_concat_row_walk_grid_covers_every_chunk_of_y_rows():
     assert "does not divide" in CONCAT.reject_reason(odd, CONCAT.space.check({**config.as_dict(), "walk": "elements"}))
 
 
+
+def test_concat_input_walk_grid_is_one_input_of_the_even_split_by_the_inputs():
+    config = CONCAT.space.check({"vector_width": 8, "elements_per_thread": 16, "block_size": 128, "walk": "inputs"})
+    k9 = CONCAT.problem("float16", k=9, rows=2047, cols=3001, axis="1")
+    (step,) = CONCAT.plan(k9, config)
+    assert step.launch.grid == (-(-2047 * 334 // 2048), 9, 1)  # the widest input, 334 columns
+    two = CONCAT.plan(CONCAT.problem("float32", k=17, rows=40, cols=33, axis="0"), config)
+    assert [s.launch.grid for s in two] == [(1, 16, 1), (1, 1, 1)]  # 3 rows of 33 an input: one chunk
+    # A seed where the inputs are narrow along axis 1, not along axis 0.
+    assert CONCAT.seed_configs(k9)[0] == config
+    assert all(c["walk"] != "inputs" for c in CONCAT.seed_configs(CONCAT.problem("float16", k=9, rows=2047, cols=3001, axis="0")))
+    # Its stage is static shared memory: 48 KiB at most, in every dtype.
+    assert "stages 65536 bytes" in CONCAT.space.violations({**config.as_dict(), "elements_per_thread": 32, "block_size": 512})[0]
+
 def test_bad_problems_are_refused():
     with pytest.raises(UsageError, match="at least one row"):
         CONCAT.problem("float32", k=5, rows=3, cols=8, axis="0")
