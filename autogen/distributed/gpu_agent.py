@@ -27,9 +27,10 @@ Any time: ("progress", line), printed by the parent as [gpu N] line; ("error", (
 when a request fails (the exception where it can be sent, else None); ("done", None) at the end
 of every request. The parent's None between requests ends the agent.
 
-An agent is spawned when its GPU is first needed, before its first request is sent, so its
-start-up (interpreter, imports) is the only wait a new GPU adds; the GPU worker and compile pool
-it starts for its first problem are kept for the next.
+An agent is spawned when the run starts, told the first problem it will serve: before its own
+imports (the tuner, Optuna, SQLAlchemy) it starts that problem's GPU worker (``Warm``), whose
+CUDA context is then made while it imports; the worker and compile pool are kept for the next
+problem.
 
 Stopping: an agent ignores SIGINT (Ctrl-C reaches the parent too, which decides). The parent
 ends an agent with SIGTERM, on which its search loop gives its claims back at its next step; an
@@ -56,6 +57,17 @@ from autogen.gpu.worker import stop_with_parent
 # after the variant on its GPU now).
 EXIT_S = 30.0
 TERMINATE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Warm:
+    """What an agent starts before its imports: the GPU worker of its first problem, where the
+    backend can start one ahead (``backend_factory.prestart``); picklable."""
+
+    backend_factory: object
+    spec: object  # autogen.gpu.evaluator.WorkSpec, on the agent's GPU
+    workers: int
+    eval_timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,7 @@ class GpuAgent:
     """An agent process for one GPU, started at once. Used by one thread of the parent at a time
     (its GPU's); end() may be called from another (cleanup)."""
 
-    def __init__(self, device_index: int, serve: Callable):
+    def __init__(self, device_index: int, warm: Warm | None = None):
         self.device_index = device_index
         self.exited = False
         self._progress: Callable[[str], None] = lambda line: None
@@ -114,7 +126,7 @@ class GpuAgent:
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         # Not a daemon: a daemonic process may not start the GPU worker and the compile pool.
-        self.process = context.Process(target=_agent_main, args=(child_conn, serve),
+        self.process = context.Process(target=_agent_main, args=(child_conn, warm),
                                        name=f"autogen-agent-gpu{device_index}")
         try:
             self.process.start()
@@ -234,9 +246,7 @@ class Stop:
         self.event.set()
 
 
-def _agent_main(conn, serve: Callable) -> None:
-    # `serve(parent, request, stop)` carries out one request (autogen.distributed.multi_gpu.
-    # serve_request): this module is the process and its pipe, not the tuner.
+def _agent_main(conn, warm: Warm | None) -> None:
     # Ctrl-C reaches the whole process group; the parent decides, and ends its agents with
     # SIGTERM. Ignored here, SIGINT is ignored by the GPU worker and compile pool started here
     # too: none dies under a variant in flight, each is closed by this process on its way out.
@@ -248,6 +258,12 @@ def _agent_main(conn, serve: Callable) -> None:
     parent = Parent(conn)
     stop_with_parent(os.getppid())  # orphaned, it stops as if the parent had ended it
     keep_in_this_child()
+    start_ahead = getattr(warm.backend_factory, "prestart", None) if warm is not None else None
+    if start_ahead is not None:
+        start_ahead(warm.spec, warm.workers, warm.eval_timeout_s)
+    # What a request does (the tuner; imported here, after the GPU worker is on its way): this
+    # module is the process and its pipe.
+    from autogen.distributed.multi_gpu import serve_request as serve
     try:
         while not stop.event.is_set():
             request = parent.receive()

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from autogen.core.problem import Problem
-from autogen.distributed.gpu_agent import EXIT_S, Finish, Go, GpuAgent, HelpRequest, OwnRequest
+from autogen.distributed.gpu_agent import EXIT_S, Finish, Go, GpuAgent, HelpRequest, OwnRequest, Warm
 from autogen.gpu.backend import GpuBackend
+from autogen.gpu.evaluator import WorkSpec
 from autogen.report import terminal_text
 from autogen.search.progress import TrialDone
 from autogen.search.tuner import TuneOptions, Tuner, TuneResult
@@ -117,6 +118,8 @@ class MultiGpu:
         threads = []
         over = False
         try:
+            for gpu in self.gpus[1:]:  # each starting its first problem's GPU worker at once
+                self._agent(gpu, first.get(gpu, self.jobs[0]).problem)
             for gpu in self.gpus:
                 thread = threading.Thread(target=self._gpu_main, args=(gpu, first.get(gpu)), name=f"gpu {gpu}",
                                           daemon=True)
@@ -145,12 +148,16 @@ class MultiGpu:
         for agent in agents:
             agent.end(grace_s=EXIT_S if over else 0)
 
-    def _agent(self, gpu: int) -> GpuAgent:
-        """``gpu``'s agent, started now if it has none (or its last one died)."""
+    def _agent(self, gpu: int, first: Problem | None = None) -> GpuAgent:
+        """``gpu``'s agent, started now if it has none (or its last one died); a new one starts
+        the GPU worker of ``first`` (else of the first problem) before its imports."""
         with self.lock:
             agent = self.agents.get(gpu)
             if agent is None or agent.exited:
-                agent = self.agents[gpu] = GpuAgent(gpu, serve_request)
+                options = self.gpu_options
+                spec = WorkSpec.of(first or self.jobs[0].problem, options.cache_mode, gpu)
+                warm = Warm(self.backend_factory, spec, options.workers, options.eval_timeout_s)
+                agent = self.agents[gpu] = GpuAgent(gpu, warm)
                 self.all_agents.append(agent)
             return agent
 

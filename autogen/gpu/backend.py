@@ -90,8 +90,8 @@ def discard_prestarted() -> None:
 
 
 def _adopt(spec: WorkSpec, eval_timeout_s: float):
-    """The prestarted worker of ``spec``, else one kept from an earlier problem on the same GPU
-    (taking up ``spec``), else None."""
+    """The prestarted worker of ``spec``, else one prestarted or kept from an earlier problem on
+    the same GPU (taking up ``spec``), else None."""
     evaluator = _prestarted["evaluator"]
     if evaluator is not None and evaluator.spec == spec:
         evaluator.timeout_s = eval_timeout_s
@@ -99,6 +99,8 @@ def _adopt(spec: WorkSpec, eval_timeout_s: float):
         return evaluator
     with _kept_lock:
         kept = _kept["workers"].pop(spec.device_index, None)
+    if kept is None and evaluator is not None and evaluator.spec.device_index == spec.device_index:
+        kept, _prestarted["evaluator"] = evaluator, None
     if kept is None:
         return None
     try:
@@ -172,6 +174,7 @@ def release_kept() -> None:
     """Stop what this process keeps, its compile pools' processes gone when this returns: a
     multiprocessing child's exit joins its children (see _may_keep)."""
     _kept["in_child"] = False
+    discard_prestarted()
     _stop_kept(wait=True)
 
 
@@ -184,6 +187,8 @@ def _may_keep() -> bool:
 
 
 class GpuBackend:
+    prestart = staticmethod(prestart)  # for a process that knows its first problem before its imports
+
     def __init__(self, spec: WorkSpec, workers: int, eval_timeout_s: float):
         self.spec = spec
         self.workers = workers

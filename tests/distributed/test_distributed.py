@@ -582,10 +582,15 @@ def test_batched_study_writes_are_optunas_trials(url):
     assert len(rows("batched")) == len(templates)
 
 
-def test_a_worker_s_trials_reach_the_shared_study_in_batches(db_url):
+def test_a_worker_s_trials_reach_the_shared_study_in_batches(db_url, monkeypatch):
     """SharedStudy.record queues; the writer adds what is queued in one transaction, and close()
     waits for it and counts the trials it could not write."""
     from autogen.search.loop import distributions, make_sampler
+
+    # Writes spaced further apart than the six records can take on a loaded machine: the first
+    # record's write, then the rest in one, when close() cuts the wait short.
+    monkeypatch.setattr(studies, "FLUSH_S", 60.0)
+    monkeypatch.setattr(studies, "MAX_FLUSH_S", 60.0)
 
     dists = distributions(SGEMV.space)
     db = TuningDB(db_url)

@@ -260,6 +260,20 @@ def test_a_finished_backend_s_worker_and_pool_serve_the_next_problem_on_its_gpu(
     backend._stop_kept()
     assert all(worker.closed for worker in made) and len(made) == 2
 
+    # A worker prestarted for one problem (a GPU agent's first) serves another on its GPU.
+    backend.prestart(_spec(), 2, 60.0)
+    prestarted = made[-1]
+    with backend.GpuBackend(other_problem, 2, 60.0) as adopting:
+        assert adopting.evaluator is prestarted and prestarted.taken_up == [other_problem]
+    backend.prestart(other_gpu, 2, 60.0)
+    on_gpu1 = made[-1]
+    with backend.GpuBackend(_spec(), 2, 60.0) as again:
+        assert again.evaluator is prestarted  # kept on GPU 0; the one prestarted on GPU 1 is not taken
+    assert backend._prestarted["evaluator"] is on_gpu1 and not on_gpu1.taken_up
+    backend.discard_prestarted()
+    backend._stop_kept()
+    assert on_gpu1.closed and prestarted.closed
+
 
 def _keep_a_pool_and_return() -> None:
     # In a multiprocessing child (as a helper process is): a compile pool offered to be kept for a
