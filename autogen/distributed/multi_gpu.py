@@ -45,7 +45,7 @@ from typing import Callable
 
 from autogen.core.problem import Problem
 from autogen.distributed.gpu_agent import EXIT_S, Finish, Go, GpuAgent, HelpRequest, OwnRequest, Warm
-from autogen.gpu.backend import GpuBackend
+from autogen.gpu.backend import GpuBackend, release_kept
 from autogen.gpu.evaluator import WorkSpec
 from autogen.report import terminal_text
 from autogen.search.progress import TrialDone
@@ -145,6 +145,9 @@ class MultiGpu:
             agents = list(self.all_agents)
         for agent in agents:
             agent.send(None)
+        # This process's own GPU worker and compile pool end now, while the agents end theirs,
+        # rather than one after the other (at this process's exit).
+        release_kept()
         for agent in agents:
             agent.end(grace_s=EXIT_S if over else 0)
 
