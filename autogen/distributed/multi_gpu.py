@@ -111,6 +111,8 @@ class MultiGpu:
         return report
 
     def run(self) -> list[TuneResult]:
+        if not self.jobs:
+            return []
         # The first problems go to the GPUs in order; a GPU left over starts helping at once.
         first = dict(zip(self.gpus, self.jobs))
         for job in first.values():

@@ -301,6 +301,10 @@ def test_gpus_of_one_process_split_the_problems_then_the_trials(db_url, monkeypa
           f"by its owner and a helper process")
 
 
+def test_no_problems_on_two_gpus_start_nothing(db_url):
+    assert _multi(db_url, [], trials=12)[0] == []
+
+
 def test_small_budgets_get_no_helper_process(db_url):
     # 12 trials: a helper would start when the owner is about done (HELP_MIN_TRIALS_LEFT).
     # 0.1 s a trial (1.2 s a problem): the GPU that finishes its first problem last finds the
