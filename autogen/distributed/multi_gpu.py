@@ -121,7 +121,8 @@ class MultiGpu:
         over = False
         try:
             for gpu in self.gpus[1:]:  # each starting its first problem's GPU worker at once
-                self._agent(gpu, first.get(gpu, self.jobs[0]).problem)
+                if gpu in first or self.options.trials >= HELP_MIN_TRIALS_LEFT:  # else it would not help
+                    self._agent(gpu, first.get(gpu, self.jobs[0]).problem)
             for gpu in self.gpus:
                 thread = threading.Thread(target=self._gpu_main, args=(gpu, first.get(gpu)), name=f"gpu {gpu}",
                                           daemon=True)

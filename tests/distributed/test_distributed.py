@@ -305,6 +305,15 @@ def test_no_problems_on_two_gpus_start_nothing(db_url):
     assert _multi(db_url, [], trials=12)[0] == []
 
 
+def test_a_gpu_that_would_not_help_gets_no_agent(db_url, monkeypatch):
+    # One problem of 12 trials on two GPUs: under HELP_MIN_TRIALS_LEFT, the second GPU rests.
+    started = []
+    monkeypatch.setattr(distributed, "GpuAgent", lambda *args: started.append(args))
+    (result,), _made, lines = _multi(db_url, [PROBLEM], trials=12)
+    assert started == [] and result.gpus == (0,) and result.measured + result.failed == 12
+    assert any("not helping with" in line for line in lines)
+
+
 def test_small_budgets_get_no_helper_process(db_url):
     # 12 trials: a helper would start when the owner is about done (HELP_MIN_TRIALS_LEFT).
     # 0.1 s a trial (1.2 s a problem): the GPU that finishes its first problem last finds the
