@@ -75,7 +75,7 @@ class _Job:
     searching_helpers: int = 0  # those told to search: the owner waits for them before re-timing
     joined: set = field(default_factory=set)  # GPUs that chose it to help (each does so once)
     ready: threading.Event = field(default_factory=threading.Event)  # the owner's begin() is over
-    searches: list = field(default_factory=list)  # helpers' (GPU, SearchCounts), for an owner in an agent
+    searches: list = field(default_factory=list)  # helpers' (GPU, SearchCounts), added to the owner's before it ends
     result: TuneResult | None = None
     error: BaseException | None = None
 
@@ -229,6 +229,8 @@ class MultiGpu:
             job.ready.set()
             tuner.search(backend, started, gpu, slot=0)
             self._wait_for_helpers(job)
+            for device_index, counts in job.searches:
+                tuner.add_search(device_index, counts)
             job.result = tuner.end(backend, result, started)
 
     def _tune_in_agent(self, job: _Job, gpu: int) -> None:
@@ -323,7 +325,6 @@ class MultiGpu:
                 agent.send(Go(job.tuner.device, job.tuner.start, time.monotonic() - job.started))
                 counts = agent.wait_for("counts")
                 if counts is not None:
-                    job.tuner.add_search(gpu, counts)
                     job.searches.append((gpu, counts))
             finally:
                 with self.lock:
