@@ -4,11 +4,11 @@ one request after another, keeping its GPU worker and compile pool from one to t
 Why a process and not a thread: the search loop's host work (Optuna's asks, the claims, the
 stores) is Python and holds the GIL. A 1-GPU sgemv search is host-bound already, so a second
 loop as a thread of the same process only splits that host time between two GPUs: two GPUs ran
-slower than one when they searched one problem (docs/distributed.md, "a process per GPU"),
-and when each GPU searched problems of its own, each search took up to twice its 1-GPU time
-(session 25). In a process of its own a loop has its own interpreter, as a worker on another
-machine has, and cooperates with the others only through the tuning database: claims, the global
-trial budget and the shared Optuna study (autogen.search.loop, autogen.search.studies).
+slower than one when they searched one problem, and when each GPU searched problems of its own
+each search slowed down too (docs/distributed.md, "a process per GPU"). In a process of its own
+a loop has its own interpreter, as a worker on another machine has, and cooperates with the
+others only through the tuning database: claims, the global trial budget and the shared Optuna
+study (autogen.search.loop, autogen.search.studies).
 
 Requests (the parent sends one, then waits for the agent's "done"):
 

@@ -26,9 +26,9 @@ from autogen.gpu.worker import child_environment, IsolatedEvaluator, stop_with_p
 _prestarted: dict = {"evaluator": None}
 
 # GPU workers and compile pools of finished backends, kept for the next problem of this process:
-# a new worker cost every problem 0.5-0.7 s of start-up (its interpreter, imports and CUDA context;
-# docs/distributed.md). Workers by GPU (device_index), pools by their number of processes; several
-# GPUs' owner threads keep and take theirs at once.
+# a new worker made every problem pay its start-up again (its interpreter, imports and CUDA
+# context; measured in docs/distributed.md). Workers by GPU (device_index), pools by their number
+# of processes.
 _kept: dict = {"workers": {}, "pools": {}, "in_child": False}
 _kept_lock = threading.Lock()
 
@@ -182,7 +182,7 @@ def _may_keep() -> bool:
     """Whether this process keeps what a finished backend leaves. Not a multiprocessing child
     (unless keep_in_this_child): it runs no atexit hooks when its work returns, and multiprocessing
     then joins its children, a kept pool's processes among them, which wait for work forever
-    (measured: a helper's exit waited until its owner stopped it, 35 s; docs/distributed.md)."""
+    (measured: docs/distributed.md)."""
     return multiprocessing.parent_process() is None or _kept["in_child"]
 
 
