@@ -142,7 +142,7 @@ def _add_tune_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", default="cold", choices=["cold", "hot"],
                         help="cold: rotate input sets larger than 4x L2 (default); hot: one set")
     parser.add_argument("--workers", type=_by(signed_int, "--workers"),
-                        help="compile processes (default: half the cores, at most 8)")
+                        help="compile processes per GPU (default: half the cores, shared among the GPUs; at most 8 a GPU)")
     parser.add_argument("--no-warm-start", action="store_true", help="do not seed from nearby tuned shapes")
     parser.add_argument("--eval-timeout", type=_by(strict_float, "--eval-timeout"), default=60.0,
                         help="seconds before a variant counts as hung")

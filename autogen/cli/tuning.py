@@ -39,7 +39,7 @@ def tune_documents(args, problems, tables: bool) -> list[dict]:
     options = TuneOptions(trials=args.trials, timeout_s=args.timeout, sampler=args.sampler, seed=args.seed,
                           cache_mode=args.cache, db_url=args.db, warm_start=not args.no_warm_start,
                           eval_timeout_s=args.eval_timeout, refresh=getattr(args, "refresh", False),
-                          lease_s=args.lease, **({"workers": args.workers} if args.workers else {}))
+                          lease_s=args.lease, workers=args.workers)
     try:
         check_options(options)
         if gpus is not None:

@@ -91,9 +91,9 @@ class MultiGpu:
         self.gpus = tuple(options.gpus or ())
         if len(self.gpus) < 2:
             raise ValueError("MultiGpu needs two GPUs or more; Tuner.run tunes on one")
-        # Each process's compile pool (this one's and every agent's) gets its share of the cores
-        # that one GPU's tuning takes.
-        self.gpu_options = replace(options, workers=max(1, options.workers // len(self.gpus)))
+        # Each process (this one and every agent) gets a compile pool of its own, of the size one
+        # GPU's tuning gets (TuneOptions.compile_workers: by default the cores shared among the GPUs).
+        self.gpu_options = replace(options, workers=options.compile_workers())
         self.jobs = [_Job(p, Tuner(p, self.gpu_options, self._progress_for(p), backend_factory), i)
                      for i, p in enumerate(problems)]
         self.lock = threading.Condition()

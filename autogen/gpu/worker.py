@@ -85,6 +85,7 @@ def _worker_main(conn, spec: WorkSpec) -> None:
         message = ("raise", f"{type(exc).__name__}: {one_line(exc)}", False)
     if not _send_to_parent(conn, message) or message[0] == "raise":
         return
+    _prepare_while_idle(conn, evaluator)
     while True:
         try:
             request = conn.recv()
@@ -103,6 +104,19 @@ def _worker_main(conn, spec: WorkSpec) -> None:
             os._exit(3)
         if not sent:
             return
+        if isinstance(request, Serve) and request.prepare and reply[0] == "ok":
+            _prepare_while_idle(conn, evaluator)
+
+
+def _prepare_while_idle(conn, evaluator: Evaluator) -> None:
+    """Evaluator.prepare, unless a request is waiting already (it goes first: what prepare does,
+    its first variant does anyway)."""
+    try:
+        if conn.poll(0):
+            return
+    except (EOFError, OSError):  # the parent is gone: the next recv ends this worker
+        return
+    evaluator.prepare()
 
 
 def _send_to_parent(conn, message) -> bool:
@@ -256,7 +270,7 @@ class IsolatedEvaluator:
             raise ValueError(f"a worker of GPU {self.spec.device_index} cannot serve GPU {spec.device_index}")
         self.spec, self.timeout_s = spec, timeout_s
         self.waited_s, self.restarts = {}, 0
-        self._identity = self.request(Serve(spec), timeout_s=STARTUP_TIMEOUT_S)
+        self._identity = self.request(Serve(spec, prepare=True), timeout_s=STARTUP_TIMEOUT_S)
 
     def _kill(self) -> int | None:
         process, self._process = self._process, None
@@ -303,7 +317,9 @@ class IsolatedEvaluator:
 MAX_DEFAULT_WORKERS = 8
 
 
-def default_workers() -> int:
-    """NVRTC compile processes by default: half the cores (the search loop, the GPU worker and
-    their threads need the rest), at most MAX_DEFAULT_WORKERS."""
-    return max(1, min(MAX_DEFAULT_WORKERS, (os.cpu_count() or 1) // 2))
+def default_workers(gpus: int = 1) -> int:
+    """NVRTC compile processes for each GPU by default: half the cores (the search loops, the GPU
+    workers and their threads need the rest) shared among the ``gpus`` tuning at once, at most
+    MAX_DEFAULT_WORKERS each. Each GPU's search is fed by its own pool: with a fixed total split
+    over the GPUs, two GPUs compiled no faster than one and waited on it (docs/distributed.md)."""
+    return max(1, min(MAX_DEFAULT_WORKERS, (os.cpu_count() or 1) // 2 // max(1, gpus)))

@@ -165,7 +165,7 @@ class SearchLoop(TakeOver, BatchClaims):
         self.fixed = collections.deque(self.start.seeds + exhaustive)  # asked first, in order
         self.by_body: dict[str, str] = {}  # source hash with the name masked -> kernel name measured
         self.in_flight: dict[str, _Pending] = {}
-        depth = max(2, 2 * options.workers) + CLAIM_BATCH - 1
+        depth = max(2, 2 * options.compile_workers()) + CLAIM_BATCH - 1
         self.idle_asks = 0
         self.budget_reached = self.space_done = False
         last_check = 0.0

@@ -39,7 +39,7 @@ class TuneOptions:
     seed: int | None = 0
     cache_mode: str = "cold"
     db_url: str | None = None
-    workers: int = field(default_factory=default_workers)  # NVRTC compile processes
+    workers: int | None = None  # NVRTC compile processes per GPU (None: compile_workers' default)
     top_k: int = 5  # best variants re-timed interleaved before naming the winner
     retime_rounds: int = 7
     eval_timeout_s: float = 60.0
@@ -48,6 +48,11 @@ class TuneOptions:
     refresh: bool = False  # re-time a stale winner's best few trials here instead of searching
     gpus: tuple[int, ...] | None = None  # device ordinals to tune on (None: the current GPU)
     lease_s: float = 60.0  # a killed worker's variants go to the others this long after its last beat
+
+    def compile_workers(self) -> int:
+        """The NVRTC compile processes that each GPU's tuning gets: ``workers``, else this machine's
+        default share for as many GPUs as ``gpus`` names (autogen.gpu.worker.default_workers)."""
+        return self.workers or default_workers(len(self.gpus or ()) or 1)
 
 
 @dataclass
@@ -130,7 +135,7 @@ class Tuner:
     def open_backend(self, device_index: int | None = None):
         """A backend for this problem on one GPU."""
         spec = WorkSpec.of(self.problem, self.options.cache_mode, device_index)
-        return self.backend_factory(spec, self.options.workers, self.options.eval_timeout_s)
+        return self.backend_factory(spec, self.options.compile_workers(), self.options.eval_timeout_s)
 
     def begin(self, backend, started: float) -> TuneResult:
         """After the first backend is up: check the problem fits, and find where to start."""

@@ -240,6 +240,20 @@ def _multi(url, problems, trials, gpus=(0, 1), delay_s=0.02, helped=(), meet_in=
     return results, made, lines
 
 
+def test_every_gpu_process_compiles_with_a_pool_of_its_own_share(monkeypatch):
+    """Each GPU's process (this one and every agent) gets the pool one GPU's tuning gets: by
+    default half the cores shared among the GPUs, else --workers as given, per GPU (a total
+    split over the GPUs left two GPUs compiling no faster than one)."""
+    from autogen.gpu import worker
+
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: 32)
+    factory = ReplayBackend.factory(RECORDING)
+    default = MultiGpu([PROBLEM], TuneOptions(gpus=(0, 1)), backend_factory=factory)
+    assert default.gpu_options.workers == 8 and default.jobs[0].tuner.options.compile_workers() == 8
+    assert MultiGpu([PROBLEM], TuneOptions(gpus=(0, 1, 2, 3)), backend_factory=factory).gpu_options.workers == 4
+    assert MultiGpu([PROBLEM], TuneOptions(gpus=(0, 1), workers=3), backend_factory=factory).gpu_options.workers == 3
+
+
 def _meeting(folder, helped) -> dict:
     """ReplayBackend.factory's arguments for the owner and the helper process of each problem of
     ``helped`` to start measuring together, meeting in ``folder``."""

@@ -61,6 +61,17 @@ def test_default_compile_processes_leave_half_the_cores_to_the_search(monkeypatc
     assert worker.default_workers() == workers
 
 
+@pytest.mark.parametrize("cores, gpus, workers", [(16, 2, 4), (32, 2, 8), (64, 2, 8), (32, 4, 4), (2, 2, 1), (None, 8, 1)])
+def test_each_gpu_gets_its_share_of_the_cores_for_compiling(monkeypatch, cores, gpus, workers):
+    from autogen.gpu import worker
+    from autogen.search.tuner import TuneOptions
+
+    monkeypatch.setattr(worker.os, "cpu_count", lambda: cores)
+    assert worker.default_workers(gpus) == workers
+    assert TuneOptions(gpus=tuple(range(gpus))).compile_workers() == workers
+    assert TuneOptions(gpus=tuple(range(gpus)), workers=3).compile_workers() == 3  # --workers: per GPU, as given
+
+
 # -- a parent that is gone before its worker speaks (issue 34, point 12) ----------------------------
 
 
@@ -86,6 +97,12 @@ class _StandInEvaluator:
 
     def serve(self, request):
         return "answer"
+
+    def prepare(self):
+        prepared.append(self)
+
+
+prepared: list = []  # the _StandInEvaluators whose prepare() ran, in order
 
 
 @pytest.mark.parametrize("fails_to_start", [True, False])
@@ -117,6 +134,9 @@ def test_a_worker_whose_parent_left_mid_request_ends_quietly(monkeypatch):
                 raise BrokenPipeError(32, "Broken pipe")
             self.sent.append(message)
 
+        def poll(self, timeout=None):
+            return not self.asked  # its one request is waiting from the start
+
         def recv(self):
             if self.asked:
                 raise EOFError
@@ -129,6 +149,49 @@ def test_a_worker_whose_parent_left_mid_request_ends_quietly(monkeypatch):
     [(status, (device, free, startup, entered_at), usable)] = conn.sent
     assert (status, device, free, startup, usable) == ("ok", "device", 0, {}, True)
     assert before <= entered_at <= time.time()  # when the child began: the parent times its boot from it
+
+
+class _Scripted:
+    """TEST AID: the child's end of a pipe whose parent sends ``requests`` in turn, each waiting
+    already (``waiting``) or sent later; None ends the worker."""
+
+    def __init__(self, requests, waiting: bool):
+        self.requests, self.waiting, self.sent = list(requests), waiting, []
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def poll(self, timeout=None):
+        return self.waiting
+
+    def recv(self):
+        prepared.append(("asked", self.requests[0]))
+        return self.requests.pop(0)
+
+
+@pytest.mark.parametrize("waiting", [False, True])
+def test_a_new_worker_prepares_for_its_problem_only_while_nothing_is_asked(monkeypatch, waiting):
+    from autogen.gpu import worker
+
+    monkeypatch.setattr(worker, "Evaluator", _StandInEvaluator)
+    prepared.clear()
+    worker._worker_main(_Scripted([worker.StagesSpent(), None], waiting), _spec())
+    kinds = [entry if isinstance(entry, tuple) else "prepared" for entry in prepared]
+    expected = [("asked", worker.StagesSpent()), ("asked", None)]
+    assert kinds == (expected if waiting else ["prepared"] + expected)
+
+
+def test_a_kept_worker_prepares_for_a_problem_it_takes_up_but_not_at_rest(monkeypatch):
+    from autogen.gpu import worker
+
+    monkeypatch.setattr(worker, "Evaluator", _StandInEvaluator)
+    spec = _spec()
+    conn = _Scripted([worker.Serve(spec), worker.Serve(spec, prepare=True), None], waiting=False)
+    prepared.clear()
+    worker._worker_main(conn, spec)
+    kinds = [entry[1] if isinstance(entry, tuple) else "prepared" for entry in prepared]
+    # at its start, then after taking up a problem; after a rest (Serve without prepare), not
+    assert kinds == ["prepared", worker.Serve(spec), worker.Serve(spec, prepare=True), "prepared", None]
 
 
 def test_the_parent_counts_the_workers_boot_imports_and_context():
@@ -193,7 +256,7 @@ def test_a_kept_worker_takes_up_a_problem_with_its_counts_started_again():
     problem = get_family("sgemv").problem(m=128, n=16)
     new = WorkSpec.of(problem, "cold")
     evaluator.take_up(new, 30.0)
-    assert sent == [Serve(new)] and evaluator.spec == new and evaluator.free_bytes == 456
+    assert sent == [Serve(new, prepare=True)] and evaluator.spec == new and evaluator.free_bytes == 456
     assert evaluator.restarts == 0 and set(evaluator.waited_s) == {"Serve"} and evaluator.timeout_s == 30.0
     with pytest.raises(ValueError, match="GPU"):
         evaluator.take_up(WorkSpec.of(problem, "cold", device_index=1), 30.0)
