@@ -15,8 +15,8 @@ import numpy as np
 from autogen.core.registry import get_family, recreate
 from autogen.gpu import roofline
 from autogen.gpu.device import device_identity, free_device_memory, require_cupy
-from autogen.gpu.measure import (build_timer, EARLY_FACTOR, REPLAYS, sample_until, time_enqueue, time_into,
-                                 timing_sets, validate)
+from autogen.gpu.measure import (build_timer, EARLY_FACTOR, REPLAYS, rehearse_checks, sample_until, time_enqueue,
+                                 time_into, timing_sets, validate)
 
 @dataclass(frozen=True)
 class WorkSpec:
@@ -104,9 +104,12 @@ class StagesSpent:
 class Serve:
     """From now on, the problem of ``spec`` (on the same GPU): a worker kept from an earlier
     problem, its CUDA context and imports already paid. Answers the identity, as a new worker's
-    first message does: (device, free bytes, {})."""
+    first message does: (device, free bytes, {}). ``prepare``: then prepare for the problem's
+    first variant while no request waits (Evaluator.prepare); without it (a worker put to rest
+    between problems) the worker holds no device memory for the problem until asked."""
 
     spec: "WorkSpec"
+    prepare: bool = False
 
 
 class Evaluator:
@@ -176,6 +179,20 @@ class Evaluator:
                          shared_mem=step.launch.shared_bytes)
 
         return launch
+
+    def prepare(self) -> None:
+        """What the problem's first requests would do first, done ahead while the worker waits for
+        them: the checks rehearsed (their CuPy operations compiled: rehearse_checks) and the timing
+        sets made. Seconds on an empty CuPy cache, which every GPU worker of a cold machine would
+        otherwise pay at its first variant. A failure here is left for that variant to meet and
+        report; the time spent is the stage "prepare"."""
+        try:
+            with self._stage("prepare"):
+                rehearse_checks(self.family, self.problem, self.cupy, self._rng(), self._host_rng())
+                self.timing_inputs()
+        except Exception:
+            self._sets = None  # made again, or failing again, where a request needs them
+            self._note_context_health()
 
     def check(self, kernel_name: str, cubin: bytes, params: dict):
         """Validation only (fresh random inputs, poisoned outputs), raising on CUDA errors."""

@@ -139,6 +139,23 @@ def _validate_cases(family, problem, launch, xp, check_xp, check_rng, on_host: b
     return Check(True, worst)
 
 
+def rehearse_checks(family, problem, xp, rng, host_rng=None) -> None:
+    """validate's work for `problem` without a kernel to check: every case's inputs, reference and
+    comparison (of blank outputs, whose verdict is dropped). A check on the device runs CuPy
+    operations that CuPy compiles on their first use in a process, seconds in all on an empty
+    CuPy cache; a GPU worker rehearses them while it would otherwise wait for its first variant.
+    A problem checked on the host (checks_on_host) has nothing to compile: nothing is done."""
+    if host_rng is not None and checks_on_host(family, problem):
+        return
+    with plain_reductions(xp):
+        for case in family.validation_cases(problem):
+            inputs = family.make_inputs(problem, xp, rng, case)
+            expected = family.reference(problem, inputs, xp)
+            magnitude = family.reference_magnitude(problem, inputs, xp)
+            blank = {**inputs, **{name: xp.zeros_like(inputs[name]) for name in family.outputs}}
+            family.compare(problem, blank, expected, magnitude, xp)
+
+
 def _launch_from_host(launch: Callable[[dict], None], inputs: dict, xp) -> None:
     """`launch` on `inputs` (NumPy) uploaded to `xp`; every array it got is read back into
     `inputs`, so the outputs (and anything else the kernel wrote) are compared on the host."""
