@@ -188,7 +188,7 @@ class Evaluator:
         report; the time spent is the stage "prepare"."""
         try:
             with self._stage("prepare"):
-                rehearse_checks(self.family, self.problem, self.cupy, self._rng(), self._host_rng())
+                rehearse_checks(self.family, self.problem, self.cupy, self._rng())
                 self.timing_inputs()
         except Exception:
             self._sets = None  # made again, or failing again, where a request needs them

@@ -139,21 +139,21 @@ def _validate_cases(family, problem, launch, xp, check_xp, check_rng, on_host: b
     return Check(True, worst)
 
 
-def rehearse_checks(family, problem, xp, rng, host_rng=None) -> None:
-    """validate's work for `problem` without a kernel to check: every case's inputs, reference and
-    comparison (of blank outputs, whose verdict is dropped). A check on the device runs CuPy
-    operations that CuPy compiles on their first use in a process, seconds in all on an empty
-    CuPy cache; a GPU worker rehearses them while it would otherwise wait for its first variant.
-    A problem checked on the host (checks_on_host) has nothing to compile: nothing is done."""
-    if host_rng is not None and checks_on_host(family, problem):
-        return
+def rehearse_checks(family, problem, xp, rng) -> None:
+    """validate's work for `problem` on the device without a kernel to check: every case's inputs,
+    reference and judgement (of blank outputs, which fail the tolerance, so what the outputs' types
+    cost is computed too; the verdict is dropped). A check on the device runs CuPy operations that
+    CuPy compiles on their first use in a process, seconds in all on an empty CuPy cache; a GPU
+    worker rehearses them while it would otherwise wait for its first variant. On the device even
+    for a problem checked on the host: the operations are the family's and dtype's, whatever the
+    shape, so a later, larger problem of a kept worker finds them compiled."""
     with plain_reductions(xp):
         for case in family.validation_cases(problem):
             inputs = family.make_inputs(problem, xp, rng, case)
             expected = family.reference(problem, inputs, xp)
             magnitude = family.reference_magnitude(problem, inputs, xp)
             blank = {**inputs, **{name: xp.zeros_like(inputs[name]) for name in family.outputs}}
-            family.compare(problem, blank, expected, magnitude, xp)
+            judge(family, problem, blank, expected, magnitude, xp)  # blank outputs fail: the whole rule runs
 
 
 def _launch_from_host(launch: Callable[[dict], None], inputs: dict, xp) -> None:
