@@ -10,23 +10,13 @@ PostgreSQL runs where AUTOGEN_TEST_POSTGRES_URL names a server; each test gets a
 from __future__ import annotations
 
 import pytest
+import test_winner_policy
 from test_tuning_db import H100, SHAPE, make_trial
-from test_tuning_db_postgres import SERVER, _drop_database, _fresh_database, _set_expiry
+from test_tuning_db_postgres import _set_expiry
 from tuning_db import TuningDB
 
+url = test_winner_policy.url  # the fixture: a SQLite file, or a new PostgreSQL database
 PROBE = make_trial("k_probe", None, status="rejected")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'budget.db'}"
-        return
-    if not SERVER:
-        pytest.skip("AUTOGEN_TEST_POSTGRES_URL is not set")
-    address, name = _fresh_database()
-    yield address
-    _drop_database(name)
 
 
 def assert_launched(db: TuningDB, url: str, count: int) -> None:

@@ -134,8 +134,8 @@ LAUNCHED = f"{COUNTED_BY_TRIGGERS} + {RUNNING}"
 def claim_many_sql(counted_trials: str) -> str:
     """autogen_claim_many's CREATE OR REPLACE, counting the problem's stored trials (not rejected)
     with the expression ``counted_trials``: COUNTED_BY_SCAN (revision 0005) or COUNTED_BY_TRIGGERS."""
-    return (_CLAIM_MANY.replace("COUNTED_TRIALS_OF_PROBLEM", counted_trials).replace("RUNNING_CLAIMS_OF_PROBLEM", RUNNING)
-            .replace("t.COUNTED_TRIALS", f"t.{COUNTED_TRIALS}")
+    return (_CLAIM_MANY.replace("COUNTED_TRIALS_OF_PROBLEM", counted_trials)
+            .replace("RUNNING_CLAIMS_OF_PROBLEM", RUNNING).replace("t.COUNTED_TRIALS", f"t.{COUNTED_TRIALS}")
             .replace("c.PROBLEM", _of_problem("c")).replace("t.PROBLEM", _of_problem("t")))
 
 
