@@ -70,7 +70,8 @@ class TrialRow(Base):
             "gpu_id", "family", "dtype", "shape_key", "kernel_name", "cache_mode",
             name="uq_autogen_trials_key",
         ),
-        # The trials a problem's budget counts (revision 0005), read under the claims' lock.
+        # The trials a problem's budget counts (revision 0005), read under the claims' lock on
+        # SQLite (PostgreSQL's claims read autogen_trial_counts instead: revision 0006).
         Index("ix_autogen_trials_counted", "gpu_id", "family", "dtype", "shape_key", "cache_mode",
               postgresql_where=text(COUNTED_TRIALS), sqlite_where=text(COUNTED_TRIALS)),
     )

@@ -493,7 +493,10 @@ class TuningDB:
 
         No lock: the budget was settled when the variant was claimed, and this transaction turns
         a running claim into a stored trial at once (a claim counting the budget sees both or
-        neither). A failed trial locks the GPU row, as set_winner does, to withdraw a winner."""
+        neither). A failed trial locks the GPU row, as set_winner does, to withdraw a winner. On
+        PostgreSQL, storing the trial also adds to its problem's count (a trigger,
+        tuning_db.migrations.functions): a row lock on one of the count's slots until the commit,
+        which the claims, reading the count, never wait for."""
         _check_choice("status", trial.status, TRIAL_STATUSES)
         values = TrialRow.values_of(device, trial)
         with self._write() as session:

@@ -353,9 +353,9 @@ def test_migrations_from_empty_to_head(tmp_path: Path):
     path = tmp_path / "fresh.db"
     assert current_revision(path) is None
     assert not path.exists(), "asking for the revision must not create the database"
-    assert upgrade(path) == migrations.head_revision() == "0005_claim_function"
-    assert current_revision(path) == "0005_claim_function"
-    assert upgrade(path) == "0005_claim_function"  # idempotent
+    assert upgrade(path) == migrations.head_revision() == "0006_trial_counts"
+    assert current_revision(path) == "0006_trial_counts"
+    assert upgrade(path) == "0006_trial_counts"  # idempotent
     with sqlite3.connect(path) as connection:
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
     assert {table.name for table in Base.metadata.sorted_tables} <= tables

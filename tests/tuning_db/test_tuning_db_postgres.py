@@ -263,7 +263,7 @@ def test_a_database_at_0004_upgrades_to_the_claim_function(pg_url):
         migrations.upgrade_to(connection, "0004_trial_claims")
     assert current_revision(pg_url) == "0004_trial_claims" and not _has_claim_function(pg_url)
     with TuningDB(pg_url) as db:  # upgraded at open
-        assert current_revision(pg_url) == "0005_claim_function" and _has_claim_function(pg_url)
+        assert current_revision(pg_url) == migrations.head_revision() and _has_claim_function(pg_url)
         assert db.claim(H100, make_trial("gemv_a"), "v1", "w1", 60.0, budget=1).status == "claimed"
         assert db.claim(H100, make_trial("gemv_b"), "v2", "w1", 60.0, budget=1).status == "budget"
     with engine.begin() as connection:

@@ -29,7 +29,7 @@ MIGRATION_LOCK_KEY = 0x6175746F67656E  # PostgreSQL advisory lock id: "autogen" 
 # The newest revision in versions/ (tests check it against Alembic's script directory). Opening a
 # database already at this revision needs no Alembic at all: importing Alembic and reading the
 # scripts cost a quarter of a second, on every `autogen tune` answered from the database.
-HEAD_REVISION = "0005_claim_function"
+HEAD_REVISION = "0006_trial_counts"
 
 
 class ForeignDatabaseError(Exception):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from tuning_db.migrations.functions import create_functions, drop_functions
+from tuning_db.migrations.functions import COUNTED_BY_SCAN, claim_many_sql, create_claim_function, drop_functions
 from tuning_db.models import COUNTED_TRIALS, RUNNING_CLAIMS
 
 revision = "0005_claim_function"
@@ -33,7 +33,7 @@ INDEXES = (("ix_autogen_trials_counted", "autogen_trials", COUNTED_TRIALS),
 def upgrade() -> None:
     for name, table, condition in INDEXES:
         op.create_index(name, table, PROBLEM, postgresql_where=sa.text(condition), sqlite_where=sa.text(condition))
-    create_functions(op.get_bind())
+    create_claim_function(op.get_bind(), claim_many_sql(COUNTED_BY_SCAN))  # as it was: 0006 replaces it
 
 
 def downgrade() -> None:
