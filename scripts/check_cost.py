@@ -49,10 +49,10 @@ def check_costs(family_name: str, dtype: str, dims: dict, checks: int) -> dict:
     name = family.kernel_name(dtype, config, problem.traits)
     cubin = compile_cubin(render(family, dtype, config, traits=problem.traits), evaluator.device.arch)
     launch = evaluator._launcher(name, cubin, config.as_dict())
-    host_rng = np.random.default_rng(1)
+    device_rng, host_rng = evaluator.cupy.random.default_rng(1), np.random.default_rng(1)
     family.host_check_bytes = 1 << 62  # this process's family object: every size on the host when asked
-    ways = {"device": lambda: validate(family, problem, launch, evaluator.cupy, evaluator._rng()),
-            "host": lambda: validate(family, problem, launch, evaluator.cupy, evaluator._rng(), host_rng)}
+    ways = {"device": lambda: validate(family, problem, launch, evaluator.cupy, device_rng),
+            "host": lambda: validate(family, problem, launch, evaluator.cupy, device_rng, host_rng)}
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     for _ in range(checks):
         for way, check in ways.items():

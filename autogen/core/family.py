@@ -127,9 +127,10 @@ class Family:
     # validated on the host: inputs made and the float64 reference computed with NumPy, uploaded
     # for the launch, the outputs read back (autogen.gpu.measure.checks_on_host). 0: always on the GPU,
     # for a family whose cases read views into larger buffers (an upload would align them) or
-    # whose reference is slow in NumPy. The default is where a host check stops being cheaper than
-    # the GPU's once CuPy's kernels are compiled (docs/internals.md, "How a variant is judged").
-    host_check_bytes: int = 2 << 20
+    # whose reference is slow in NumPy. The default is about where a host check stops being
+    # cheaper than the GPU's, whose CuPy kernels a GPU worker compiles while it waits for its first
+    # variant (docs/internals.md, "How a variant is judged"; scripts/check_cost.py measures it).
+    host_check_bytes: int = 128 << 10
     # True when `bind` only checks and arranges the call's operands (no GPU work, no scratch memory
     # made per call, nothing that depends on the data): the dispatcher may then serve a repeat of
     # a call (the same CuPy arrays with the same shapes, the same other arguments, device and

@@ -148,12 +148,16 @@ def test_the_host_check_still_catches_an_unwritten_output():
     assert not check.ok and "1 of 100 outputs are NaN" in check.reason
 
 
-def test_large_or_heavy_problems_and_families_that_opt_out_are_checked_on_the_gpu():
+def test_large_or_heavy_problems_and_families_that_opt_out_are_checked_on_the_gpu(monkeypatch):
     from autogen.gpu.measure import checks_on_host
 
     assert not checks_on_host(SGEMV, SGEMV.problem(m=16384, n=1024))  # 64 MiB of A
+    # 1.1 MB: on the device, where a check after the worker's rehearsal costs a tenth of NumPy's
+    assert not checks_on_host(SGEMV, SGEMV.problem(m=16384, n=16))
+    assert checks_on_host(SGEMV, SGEMV.problem(m=1024, n=16))  # 70 KB: NumPy is as fast
     sgemm = get_family("sgemm")
-    assert not checks_on_host(sgemm, sgemm.problem(m=512, n=512, k=512))  # 3 MiB, but 268 MFLOP
+    monkeypatch.setattr(sgemm, "host_check_bytes", 4 << 20)  # a family that allows more bytes...
+    assert not checks_on_host(sgemm, sgemm.problem(m=512, n=512, k=512))  # ...still not 268 MFLOP
     gelu = get_family("gelu")  # its cases read misaligned views, which an upload would realign
     assert not checks_on_host(gelu, gelu.problem("float32", n=1024, approximate="tanh"))
 
