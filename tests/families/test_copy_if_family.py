@@ -248,7 +248,7 @@ HARNESS = r"""
 #undef main
 
 template <class W>
-int run(const std::string& mode, int argc, char** argv)
+int run(const std::string& mode, char** argv)
 {
     typedef typename W::Elem E;
     if (mode == "inputs") {  // inputs dtype n case seed: x bits, threshold bits, reference count
@@ -298,9 +298,10 @@ int run(const std::string& mode, int argc, char** argv)
 
 int main(int argc, char** argv)
 {
+    if (argc == 1) return autogen_selftest_main(argc, argv);  // the self-test itself
     const std::string mode = argv[1];
-    if (std::string(argv[2]) == "int32") return run<autogen_copy_if_test::Workload>(mode, argc, argv);
-    return run<autogen_copy_if_f32_test::Workload>(mode, argc, argv);
+    if (std::string(argv[2]) == "int32") return run<autogen_copy_if_test::Workload>(mode, argv);
+    return run<autogen_copy_if_f32_test::Workload>(mode, argv);
 }
 """
 

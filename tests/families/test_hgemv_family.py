@@ -4,6 +4,7 @@ side run on the CPU against the Python family)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import subprocess
@@ -21,8 +22,14 @@ from autogen.core.render import render
 from family_checks import held
 
 FAMILY = get_family("hgemv")
-CONFIGS = list(FAMILY.space.enumerate())
 DTYPES = ("float16", "bfloat16")
+
+
+@functools.cache
+def all_configs() -> tuple:
+    """Every point of the space, enumerated (for some seconds) by the first test that needs it:
+    at import, every pytest-xdist worker paid it while collecting, whichever ran this file."""
+    return tuple(FAMILY.space.enumerate())
 
 
 def config(**params):
@@ -33,6 +40,7 @@ def config(**params):
 
 
 def test_space_size_and_every_issue_parameter():
+    configs = all_configs()
     # 4752 CUDA-core variants loading A a chunk at a time, 2908 of them (unroll >= 2) also step by
     # step, and 200 tensor-core (x_path=mma) ones; the 1036 of one vector through x_path=ldg also
     # with tail=peeled; the 160 tensor-core ones of one row group per block also split over 2, 4
@@ -44,31 +52,31 @@ def test_space_size_and_every_issue_parameter():
     # batch tiles 1 to 4 (3 theirs alone) x the 23 of pack width, rows per group and unroll whose
     # weights in flight fit (rows_per_group * unroll * pack_width <= 32), chunk schedule, checked
     # tail, shuffles)
-    assert len(CONFIGS) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920
-    early = [c for c in CONFIGS if c["load_schedule"] == "early"]
+    assert len(configs) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920
+    early = [c for c in configs if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
-    flight = [c for c in CONFIGS if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
+    flight = [c for c in configs if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
     assert len(flight) == 920 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 for c in flight)
-    assert all(c in flight for c in CONFIGS if c["batch_tile"] == 3)
+    assert all(c in flight for c in configs if c["batch_tile"] == 3)
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head, and
     # through x_path=ldg only the rows in flight
-    assert all(c["x_path"] != "ldg" or c in flight for c in CONFIGS if c["row_align"] == "peeled")
-    assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in CONFIGS) == 2908
+    assert all(c["x_path"] != "ldg" or c in flight for c in configs if c["row_align"] == "peeled")
+    assert sum(c["load_schedule"] == "step" and c["tail"] == "checked" and c["row_align"] == "scalar" for c in configs) == 2908
     assert all(c["x_path"] == "mma" and c["threads_per_row"] == 32 * c["warps_per_block"]
-               for c in CONFIGS if c["split_k"] > 1)
-    peeled = [c for c in CONFIGS if c["tail"] == "peeled"]
+               for c in configs if c["split_k"] > 1)
+    peeled = [c for c in configs if c["tail"] == "peeled"]
     assert len(peeled) == 1036 and all(c["x_path"] == "ldg" and c["batch_tile"] == 1 for c in peeled)
     names = set(FAMILY.space.names)
     assert names == {"threads_per_row", "pack_width", "warps_per_block", "rows_per_group", "unroll", "x_path",
                      "reduce", "batch_tile", "load_schedule", "tail", "row_align", "split_k", "a_buffers",
                      "min_blocks"}
     assert FAMILY.space.param("pack_width").choices == (2, 4, 8)  # half2, 64-bit and 128-bit accesses
-    assert {c["threads_per_row"] for c in CONFIGS} == {4, 8, 16, 32, 64, 128, 256}
+    assert {c["threads_per_row"] for c in configs} == {4, 8, 16, 32, 64, 128, 256}
     assert FAMILY.dims == ("m", "n", "batch") and FAMILY.dtypes == DTYPES
 
 
 def test_constraints_bound_shared_memory_and_registers():
-    for c in CONFIGS:
+    for c in all_configs():
         columns = c["threads_per_row"] * c["pack_width"] * c["unroll"]
         if c["x_path"] == "smem":
             assert 4 * columns * c["batch_tile"] <= 32 * 1024
@@ -135,7 +143,7 @@ def test_step_by_step_requests_each_steps_packs_inside_its_step():
 @pytest.mark.parametrize("m", [1, 3, 127, 128, 129, 4096, 128256])
 def test_launch_grid_covers_every_row(m):
     problem = FAMILY.problem(m=m, n=4096)
-    for c in CONFIGS[::41]:
+    for c in all_configs()[::41]:
         launch = FAMILY.launch(problem, c)
         rows = 32 * c["warps_per_block"] // c["threads_per_row"] * c["rows_per_group"]
         rows *= 16 if c["x_path"] == "mma" else 1  # a row group of warps computes 16-row tiles
@@ -493,12 +501,11 @@ def test_export_has_an_entry_point_and_hook_per_dtype(exported):
     assert not re.search(r"#\s*include\s*[<\"]cuda_(fp16|bf16)", selftest)
 
 
-def test_selftest_builds_for_sm90_and_fails_cleanly_without_a_gpu(exported, library, tmp_path):
-    binary = tmp_path / "autogen_hgemv_selftest"
-    run([nvcc_or_skip(), f"-arch={ARCH}", "-std=c++17", "-O3", *WERROR,
-         str(exported / "autogen_hgemv_selftest.cu"), str(library), "-o", str(binary)])
+def test_selftest_builds_for_sm90_and_fails_cleanly_without_a_gpu(harness):
+    # The harness is the self-test built for sm_90 with warnings as errors; with no arguments it
+    # runs the self-test's own main.
     if gpu_unavailable_reason() is not None:
-        done = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([str(harness)], capture_output=True, text=True, timeout=60)
         assert done.returncode == 1 and "no CUDA GPU available" in done.stdout, done.stdout + done.stderr
 
 
@@ -561,6 +568,7 @@ int family(const std::string& mode, int m, int n, int b, int c, unsigned long lo
 
 int main(int argc, char** argv)
 {
+    if (argc == 1) return autogen_selftest_main(argc, argv);  // the self-test itself
     if (argc != 8) return 2;
     const std::string mode = argv[1], dtype = argv[2];
     const int m = std::atoi(argv[3]), n = std::atoi(argv[4]), b = std::atoi(argv[5]), c = std::atoi(argv[6]);
@@ -578,7 +586,10 @@ def harness(exported, library, tmp_path_factory) -> Path:
     source.write_text(HARNESS.replace("@F16@", entry_symbol(FAMILY, "float16") + "_test")
                       .replace("@BF16@", entry_symbol(FAMILY, "bfloat16") + "_test"))
     binary = work / "harness_hgemv"
-    run([nvcc_or_skip(), "-std=c++17", *WERROR, f"-I{exported}", str(source), str(library), "-o", str(binary)])
+    # Built as the self-test is built (it holds the whole self-test, main renamed): one host
+    # compile of the self-test's code checks it builds and serves the hook's tests.
+    run([nvcc_or_skip(), f"-arch={ARCH}", "-std=c++17", "-O3", *WERROR, f"-I{exported}", str(source), str(library),
+         "-o", str(binary)])
     return binary
 
 
@@ -646,19 +657,17 @@ def test_hook_error_passes_right_outputs_and_catches_wrong_ones(harness, dtype):
 
 # -- tensor cores (x_path=mma) ------------------------------------------------------------------------
 
-MMA_CONFIGS = [c for c in CONFIGS if c["x_path"] == "mma" and c["split_k"] == 1 and c["a_buffers"] == 1
-               and c["min_blocks"] == 1]
-
-
 def test_mma_variants_are_whole_warps_of_128_bit_loads():
-    assert len(MMA_CONFIGS) == 400  # 200 geometries and tiles, each with row_align scalar and peeled
-    for c in MMA_CONFIGS:
+    mma_configs = [c for c in all_configs() if c["x_path"] == "mma" and c["split_k"] == 1 and c["a_buffers"] == 1
+                   and c["min_blocks"] == 1]
+    assert len(mma_configs) == 400  # 200 geometries and tiles, each with row_align scalar and peeled
+    for c in mma_configs:
         assert c["pack_width"] == 8 and c["threads_per_row"] >= 32 and c["reduce"] == "shfl"
         assert c["rows_per_group"] <= 2 and c["rows_per_group"] * c["unroll"] <= 4
         groups = 32 * c["warps_per_block"] // c["threads_per_row"]
         assert FAMILY.rows_per_block(c) == 16 * c["rows_per_group"] * groups
     # every batch tile has tensor-core variants (a tile of 8 vectors costs the same mma as 1)
-    assert {c["batch_tile"] for c in MMA_CONFIGS} == {1, 2, 4, 8}
+    assert {c["batch_tile"] for c in mma_configs} == {1, 2, 4, 8}
     with pytest.raises(Exception, match="pack_width=8 only"):
         config(x_path="mma", pack_width=4)
     with pytest.raises(Exception, match="threads_per_row >= 32"):
