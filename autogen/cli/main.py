@@ -336,7 +336,19 @@ def entry() -> None:
         sys.stderr.flush()
     except (BrokenPipeError, ValueError):  # a reader that went away, or a closed stream
         pass
+    _release_kept_processes()
     os._exit(code)
+
+
+def _release_kept_processes() -> None:
+    """Stop the GPU worker and the compile pool a tune keeps for its next problem, the pool's
+    processes joined. os._exit runs none of multiprocessing's exit hooks, so the pool's semaphores
+    were left registered, and multiprocessing's resource tracker, which outlives this process,
+    printed a warning about leaked semaphores on the user's terminal after the command had ended.
+    Nothing to do for a command that started no GPU work (the module is not even imported)."""
+    backend = sys.modules.get("autogen.gpu.backend")
+    if backend is not None:
+        backend.release_kept()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -242,3 +242,33 @@ def test_an_export_into_a_closed_pipe_writes_its_files_and_ends_quietly(tmp_path
                                "--db", f"sqlite:///{tmp_path / 'empty.db'}")
     assert "Traceback" not in done.stderr and done.returncode == 141, done.stderr
     assert (tmp_path / "out" / "CMakeLists.txt").exists() and not (tmp_path / "empty.db").exists()
+
+
+# -- the compile pool a tune keeps, at the command's exit ---------------------------------------------
+
+KEEPS_A_POOL = r"""
+import os, sys
+from autogen.cli import main as cli
+from autogen.gpu import backend
+
+def tune_that_keeps_its_pool():  # what a tune leaves: its compile pool kept for a next problem
+    pool = backend._new_pool(2)
+    pool.submit(sum, [1, 2]).result()
+    backend._keep(None, pool, 2)
+    return 0
+
+if __name__ == "__main__":
+    cli.main = tune_that_keeps_its_pool
+    cli.entry()
+"""
+
+
+def test_the_command_leaves_no_semaphores_for_the_resource_tracker_to_warn_of(tmp_path):
+    # entry() leaves through os._exit, which runs none of multiprocessing's exit hooks: a kept
+    # pool's semaphores stayed registered and the resource tracker, outliving the command,
+    # printed "There appear to be 5 leaked semaphore objects" on the user's terminal.
+    script = tmp_path / "keeps_a_pool.py"
+    script.write_text(KEEPS_A_POOL)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert done.returncode == 0 and "leaked" not in done.stderr and "Traceback" not in done.stderr, done.stderr
