@@ -18,7 +18,7 @@ import multiprocessing
 import os
 import threading
 
-from autogen.gpu.compile import compile_cubin, warm_up
+from autogen.gpu.compile import compile_cubin
 from autogen.gpu.evaluator import WorkSpec
 from autogen.gpu.worker import child_environment, IsolatedEvaluator, stop_with_parent
 
@@ -54,17 +54,16 @@ COMPILE_NICENESS = 10
 
 def _compile_worker_start(parent_pid: int) -> None:
     """In each compile process: end with the parent (stop_with_parent), run at a lower CPU
-    priority than the GPU worker and the search, load NVRTC (warm_up), and end without finalising
-    the interpreter once the pool is shut down. A compile leaves nothing to clean up (its cubin
-    is returned, its cache file written), and finalising CuPy and NumPy in every process made the
-    pool's shutdown a visible part of every tune (docs/history/sessions.md, eighth session)."""
+    priority than the GPU worker and the search, and end without finalising the interpreter
+    once the pool is shut down. A compile leaves nothing to clean up (its cubin is returned,
+    its cache file written), and finalising CuPy and NumPy in every process made the pool's
+    shutdown a visible part of every tune (docs/history/sessions.md, eighth session)."""
     stop_with_parent(parent_pid)
     try:
         os.nice(COMPILE_NICENESS)
     except (AttributeError, OSError):  # no os.nice (Windows), or not allowed: same priority
         pass
     atexit.register(os._exit, 0)  # registered last: the first exit hook to run
-    warm_up()  # NVRTC loaded and started now, while the tuner starts, not in front of a first variant
 
 
 def _new_pool_soon(workers: int) -> concurrent.futures.Future:

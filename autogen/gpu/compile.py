@@ -96,25 +96,6 @@ def _nvrtc_compile(nvrtc, source: str, options: tuple[str, ...]) -> bytes:
         nvrtc.destroyProgram(program)
 
 
-WARM_UP_SOURCE = 'extern "C" __global__ void autogen_warm_up() {}'
-
-
-def warm_up(arch: str = "sm_90") -> None:
-    """Load NVRTC and compile an empty kernel, in a compile process that has nothing to do yet:
-    otherwise its first real compile pays for finding and loading the library and for NVRTC's
-    own start, while the GPU waits for that first variant. A failure (no NVRTC, say) is left for
-    the first real compile to meet and report in its own words."""
-    try:
-        nvrtc = _nvrtc()
-        program = nvrtc.createProgram(WARM_UP_SOURCE, "autogen_warm_up.cu", [], [])
-        try:
-            nvrtc.compileProgram(program, list(compile_options(arch)))
-        finally:
-            nvrtc.destroyProgram(program)
-    except Exception:
-        pass
-
-
 def compile_many(sources: dict[str, str], arch: str, workers: int | None = None,
                  family_options: tuple[str, ...] = ()) -> dict[str, bytes | CompileError]:
     """Compile {name: source} in a process pool; a failure is returned in place of its cubin."""

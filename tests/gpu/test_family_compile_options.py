@@ -69,28 +69,3 @@ def test_nvcc_gets_them_and_ptxas_honours_the_register_limit():
     free = kernel_resources(BUSY, "sm_90", nvcc)[0].registers
     limited = kernel_resources(BUSY, "sm_90", nvcc, checked(["--maxrregcount=32"]))[0].registers
     assert free > 32 >= limited
-
-
-def test_a_compile_process_starts_nvrtc_with_an_empty_kernel_and_never_fails_for_it(monkeypatch):
-    fake = FakeNvrtc()
-    monkeypatch.setattr(compile_module, "_nvrtc", lambda: fake)
-    compile_module.warm_up()
-    assert fake.calls == [["-std=c++17", "--gpu-architecture=sm_90"]]  # one compile, nothing kept
-
-    def missing():
-        raise compile_module.GpuUnavailableError("NVRTC is not available")
-
-    monkeypatch.setattr(compile_module, "_nvrtc", missing)
-    compile_module.warm_up()  # no NVRTC: the first real compile says so, not the pool's start
-
-
-def test_the_compile_pool_s_processes_warm_up_as_they_start(monkeypatch):
-    from autogen.gpu import backend
-
-    started = []
-    monkeypatch.setattr(backend, "warm_up", lambda: started.append("warm"))
-    monkeypatch.setattr(backend, "stop_with_parent", lambda pid: None)
-    monkeypatch.setattr(backend.os, "nice", lambda n: 0)
-    monkeypatch.setattr(backend.atexit, "register", lambda *args: None)
-    backend._compile_worker_start(0)
-    assert started == ["warm"]
