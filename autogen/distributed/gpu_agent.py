@@ -30,7 +30,8 @@ of every request. The parent's None between requests ends the agent.
 An agent is spawned when the run starts, told the first problem it will serve: before its own
 imports (the tuner, Optuna, SQLAlchemy) it starts that problem's GPU worker (``Warm``), whose
 CUDA context is then made while it imports; the worker and compile pool are kept for the next
-problem.
+problem. `autogen tune` spawns its agents before its own imports too (start_agents_early), and
+autogen.distributed.multi_gpu adopts them (adopt_early_agent).
 
 Stopping: an agent ignores SIGINT (Ctrl-C reaches the parent too, which decides). The parent
 ends an agent with SIGTERM, on which its search loop gives its claims back at its next step; an
@@ -49,7 +50,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from autogen.core.problem import Problem
-from autogen.gpu.backend import keep_in_this_child, release_kept
+from autogen.gpu.backend import GpuBackend, keep_in_this_child, release_kept
+from autogen.gpu.evaluator import WorkSpec
 from autogen.gpu.worker import stop_with_parent
 
 # How long an agent told to stop may take to exit (it stops its GPU worker and compile pool)
@@ -57,6 +59,12 @@ from autogen.gpu.worker import stop_with_parent
 # after the variant on its GPU now).
 EXIT_S = 30.0
 TERMINATE_S = 5.0
+
+# A GPU left without a problem joins one being searched only while at least this many of its
+# trials are neither stored nor claimed. A 1-GPU sgemv search measures this many in about the
+# time a helper takes to start (docs/distributed.md): with fewer trials left, the owner
+# alone is done about when the helper would begin.
+HELP_MIN_TRIALS_LEFT = 60
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,22 @@ class Warm:
     spec: object  # autogen.gpu.evaluator.WorkSpec, on the agent's GPU
     workers: int
     eval_timeout_s: float
+
+
+def warm_of(backend_factory, problem: Problem, cache_mode: str, device_index: int, workers: int,
+            eval_timeout_s: float) -> Warm:
+    """What the agent of GPU ``device_index`` starts for its first problem ``problem``."""
+    return Warm(backend_factory, WorkSpec.of(problem, cache_mode, device_index), workers, eval_timeout_s)
+
+
+def agents_first_problems(gpus: tuple[int, ...], problems: list[Problem], trials: int,
+                          help_min_trials: int = HELP_MIN_TRIALS_LEFT) -> dict[int, Problem]:
+    """The GPUs after the first that get an agent when a run starts, each with the problem its
+    worker starts for: the i-th GPU owns the i-th problem; a GPU left over (fewer problems than
+    GPUs) helps with the first, where the budget is worth a helper (``help_min_trials``)."""
+    return {gpu: problems[i] if i < len(problems) else problems[0]
+            for i, gpu in enumerate(gpus)
+            if i > 0 and problems and (i < len(problems) or trials >= help_min_trials)}
 
 
 @dataclass(frozen=True)
@@ -199,6 +223,35 @@ class GpuAgent:
         code = self.process.exitcode
         if self.error is None and code != 0:
             self._progress(f"GPU agent died (exit code {code})")
+
+
+# Agents spawned by `autogen tune` before its imports (start_agents_early), by GPU, until the run
+# adopts them (adopt_early_agent) or discards them (discard_early_agents).
+_early: dict[int, "GpuAgent"] = {}
+
+
+def start_agents_early(gpus: tuple[int, ...], problems: list[Problem], trials: int, cache_mode: str,
+                       workers: int, eval_timeout_s: float) -> None:
+    """Spawn now the agents a run on ``gpus`` starts with (agents_first_problems), each starting its
+    first problem's GPU worker: their start-up overlaps the caller's imports."""
+    discard_early_agents()
+    for gpu, problem in agents_first_problems(gpus, problems, trials).items():
+        _early[gpu] = GpuAgent(gpu, warm_of(GpuBackend, problem, cache_mode, gpu, workers, eval_timeout_s))
+
+
+def adopt_early_agent(device_index: int) -> "GpuAgent | None":
+    """The agent start_agents_early spawned for ``device_index``, now the caller's to end."""
+    return _early.pop(device_index, None)
+
+
+def discard_early_agents() -> None:
+    """End the agents spawned early that no run adopted (a run answered from the database, say)."""
+    agents = list(_early.values())
+    _early.clear()
+    for agent in agents:
+        agent.send(None)  # its first request: it leaves at once, stopping its GPU worker
+    for agent in agents:
+        agent.end()
 
 
 # -- the agent's side -------------------------------------------------------------------------------

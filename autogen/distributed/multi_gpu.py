@@ -44,9 +44,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from autogen.core.problem import Problem
-from autogen.distributed.gpu_agent import EXIT_S, Finish, Go, GpuAgent, HelpRequest, OwnRequest, Warm
+from autogen.distributed.gpu_agent import (EXIT_S, HELP_MIN_TRIALS_LEFT, Finish, Go, GpuAgent, HelpRequest,
+                                           OwnRequest, adopt_early_agent, agents_first_problems, warm_of)
 from autogen.gpu.backend import GpuBackend, release_kept
-from autogen.gpu.evaluator import WorkSpec
 from autogen.report import terminal_text
 from autogen.search.progress import TrialDone
 from autogen.search.tuner import TuneOptions, Tuner, TuneResult
@@ -56,12 +56,6 @@ def _log(message: str) -> None:
     # Lines name stored kernels, GPUs and workers: what a database says never reaches the terminal raw.
     print(terminal_text(message), file=sys.stderr, flush=True)
 
-
-# A GPU left without a problem joins one being searched only while at least this many of its
-# trials are neither stored nor claimed. A 1-GPU sgemv search measures this many in about the
-# time a helper takes to start (docs/distributed.md): with fewer trials left, the owner
-# alone is done about when the helper would begin.
-HELP_MIN_TRIALS_LEFT = 60
 
 
 @dataclass
@@ -120,9 +114,10 @@ class MultiGpu:
         threads = []
         over = False
         try:
-            for gpu in self.gpus[1:]:  # each starting its first problem's GPU worker at once
-                if gpu in first or self.options.trials >= HELP_MIN_TRIALS_LEFT:  # else it would not help
-                    self._agent(gpu, first.get(gpu, self.jobs[0]).problem)
+            starting = agents_first_problems(self.gpus, [job.problem for job in self.jobs], self.options.trials,
+                                             HELP_MIN_TRIALS_LEFT)
+            for gpu, problem in starting.items():  # each starting its first problem's GPU worker at once
+                self._agent(gpu, problem)
             for gpu in self.gpus:
                 thread = threading.Thread(target=self._gpu_main, args=(gpu, first.get(gpu)), name=f"gpu {gpu}",
                                           daemon=True)
@@ -155,15 +150,18 @@ class MultiGpu:
             agent.end(grace_s=EXIT_S if over else 0)
 
     def _agent(self, gpu: int, first: Problem | None = None) -> GpuAgent:
-        """``gpu``'s agent, started now if it has none (or its last one died); a new one starts
-        the GPU worker of ``first`` (else of the first problem) before its imports."""
+        """``gpu``'s agent: the one `autogen tune` spawned before its imports, else started now if
+        it has none (or its last one died); a new one starts the GPU worker of ``first`` (else of
+        the first problem) before its imports."""
         with self.lock:
             agent = self.agents.get(gpu)
             if agent is None or agent.exited:
                 options = self.gpu_options
-                spec = WorkSpec.of(first or self.jobs[0].problem, options.cache_mode, gpu)
-                warm = Warm(self.backend_factory, spec, options.workers, options.eval_timeout_s)
-                agent = self.agents[gpu] = GpuAgent(gpu, warm)
+                agent = None if gpu in self.agents else adopt_early_agent(gpu)
+                if agent is None:
+                    agent = GpuAgent(gpu, warm_of(self.backend_factory, first or self.jobs[0].problem,
+                                                  options.cache_mode, gpu, options.workers, options.eval_timeout_s))
+                self.agents[gpu] = agent
                 self.all_agents.append(agent)
             return agent
 

@@ -45,6 +45,16 @@ def require_gpu() -> None:
     require_cupy()
 
 
+def gpu_count() -> int:
+    """How many GPUs this process sees, after require_gpu()'s check: from the driver where it
+    answers (no CuPy imported), else from CuPy's runtime."""
+    require_gpu()
+    try:
+        return driver_device_count()
+    except (OSError, RuntimeError):
+        return require_cupy().cuda.runtime.getDeviceCount()
+
+
 def _no_gpu_message(exc: BaseException) -> str:
     """Name the cause: without a GPU the CUDA runtime says "CUDA driver version is insufficient"
     (no libcuda at all) or "no CUDA-capable device", neither of which says what is missing."""

@@ -219,8 +219,8 @@ def test_a_tune_without_a_gpu_stops_its_prestarted_worker(monkeypatch, capsys):
     from autogen.errors import GpuUnavailableError
 
     stopped = []
-    monkeypatch.setattr(tuning, "_prestart_gpu_work", lambda args, problem: backend._prestarted.update(
-        evaluator=types.SimpleNamespace(discard=lambda: stopped.append(problem))))
+    monkeypatch.setattr(tuning, "_start_gpu_work_early", lambda args, problems, gpus: backend._prestarted.update(
+        evaluator=types.SimpleNamespace(discard=lambda: stopped.append(problems[0]))))
 
     def no_gpu():
         raise GpuUnavailableError("no NVIDIA GPU or driver found")
