@@ -27,17 +27,24 @@ STARTUP_TIMEOUT_S = 180.0
 # those threads spin after each call: the GPU worker's host checks (small float64 products) then
 # compete with the compile pool's processes for the cores.
 CHILD_THREAD_LIMITS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# CuPy compiles its own kernels (the checks' elementwise and reduction operations) on their first
+# use in a process, most of a cold GPU worker's first check; with NVRTC's precompiled headers each
+# compile after a process's first reuses the CuPy headers it parsed (measured: docs/internals.md,
+# "How a variant is judged"). CuPy reads the variable when it is imported; its cache keys ignore it.
+CHILD_CUPY_OPTIONS = {"CUPY_NVRTC_USE_PCH": "1"}
+CHILD_ENVIRONMENT = {**CHILD_THREAD_LIMITS, **CHILD_CUPY_OPTIONS}
 _environment_lock = threading.Lock()
 
 
 @contextlib.contextmanager
 def child_environment():
-    """Within: processes spawned by this one start with CHILD_THREAD_LIMITS (where the user set
-    none). os.environ is restored after, so that the caller's own later children are unaffected."""
+    """Within: processes spawned by this one start with CHILD_ENVIRONMENT (each variable where
+    the user set none). os.environ is restored after, so that the caller's own later children are
+    unaffected."""
     with _environment_lock:
-        added = [name for name in CHILD_THREAD_LIMITS if name not in os.environ]
+        added = [name for name in CHILD_ENVIRONMENT if name not in os.environ]
         for name in added:
-            os.environ[name] = CHILD_THREAD_LIMITS[name]
+            os.environ[name] = CHILD_ENVIRONMENT[name]
         try:
             yield
         finally:

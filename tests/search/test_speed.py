@@ -172,10 +172,12 @@ def test_a_long_kernel_is_timed_on_one_pass_over_its_sets(monkeypatch):
 
 def _thread_settings() -> dict:
     import os
-    return {name: os.environ.get(name) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    return {name: os.environ.get(name)
+            for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUPY_NVRTC_USE_PCH")}
 
 
-def test_children_start_with_one_blas_thread_and_the_parent_is_unchanged(monkeypatch):
+def test_children_start_with_one_blas_thread_and_cupy_s_precompiled_headers_and_the_parent_is_unchanged(
+        monkeypatch):
     import multiprocessing
     import os
 
@@ -183,6 +185,7 @@ def test_children_start_with_one_blas_thread_and_the_parent_is_unchanged(monkeyp
 
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.delenv("CUPY_NVRTC_USE_PCH", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own choice is kept
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:  # spawned outside: the parent's environment as it is
@@ -191,8 +194,10 @@ def test_children_start_with_one_blas_thread_and_the_parent_is_unchanged(monkeyp
         pool = context.Pool(1)
     with pool:
         seen = pool.apply(_thread_settings)
-    assert seen == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}
+    assert seen == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1",
+                    "CUPY_NVRTC_USE_PCH": "1"}
     assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["OMP_NUM_THREADS"] == "3"
+    assert "CUPY_NVRTC_USE_PCH" not in os.environ
 
 
 # Run in a fresh interpreter: `autogen tune` answered from the database, the GPU's identity
