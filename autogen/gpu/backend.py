@@ -5,9 +5,9 @@ an isolated child process validates and times earlier variants on the GPU. Tests
 storage swap in autogen.testing.replay.ReplayBackend, which replays timings recorded on a GPU.
 
 Start-up overlaps the parent's own work: `prestart` (called by `autogen tune` before it imports
-the tuner, Optuna and SQLAlchemy) spawns the GPU worker at once; it creates its CUDA context
-while the parent imports and reads the database, and the backend that needs it adopts it (a run
-answered from the database discards it unused). The compile pool is spawned by a helper thread.
+the tuner, Optuna and SQLAlchemy) spawns the GPU worker at once, and the compile pool on a helper
+thread; the worker creates its CUDA context while the parent imports and reads the database, and
+the backend that needs them adopts them (a run answered from the database discards them unused).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from autogen.gpu.compile import compile_cubin
 from autogen.gpu.evaluator import WorkSpec
 from autogen.gpu.worker import child_environment, IsolatedEvaluator, stop_with_parent
 
-# Started ahead of need by prestart(), adopted by the first GpuBackend of the same spec.
-_prestarted: dict = {"evaluator": None}
+# Started ahead of need by prestart(): the GPU worker, adopted by the first GpuBackend of the same
+# spec (or GPU), and the compile pool, (workers, the Future of the pool), by the first of that size.
+_prestarted: dict = {"evaluator": None, "pool": None}
 
 # GPU workers and compile pools of finished backends, kept for the next problem of this process:
 # a new worker made every problem pay its start-up again (its interpreter, imports and CUDA
@@ -77,16 +78,37 @@ def _new_pool_soon(workers: int) -> concurrent.futures.Future:
 
 def prestart(spec: WorkSpec, workers: int, eval_timeout_s: float) -> None:
     """Spawn the GPU worker for `spec` now (one process; the long pole of start-up is its CUDA
-    context); returns at once. The compile pool is started by the backend, in the background."""
+    context) and the compile pool of `workers` processes (on a helper thread); returns at once.
+    Started with the backend instead, the pool's first compiles came after the worker's rehearsal
+    and held up the first variant (measured: docs/distributed.md)."""
     discard_prestarted()
     _prestarted["evaluator"] = IsolatedEvaluator(spec, eval_timeout_s)
+    _prestarted["pool"] = (workers, _new_pool_soon(workers))
 
 
 def discard_prestarted() -> None:
     """Stop what prestart started and nobody adopted (a run answered from the database)."""
     evaluator, _prestarted["evaluator"] = _prestarted["evaluator"], None
+    held, _prestarted["pool"] = _prestarted["pool"], None
     if evaluator is not None:
         evaluator.discard()
+    if held is not None:
+        try:
+            pool = held[1].result()  # its processes spawned (a fraction of a second), not waited for
+        except Exception:  # it could not be made: nothing to stop
+            return
+        # Shut down, not waited for: its processes leave once started, and no semaphore of its
+        # queues is left for multiprocessing's resource tracker to report at this process's exit.
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _prestarted_pool(workers: int) -> concurrent.futures.Future | None:
+    """The compile pool prestart() started, if it has ``workers`` processes."""
+    held = _prestarted["pool"]
+    if held is None or held[0] != workers:
+        return None
+    _prestarted["pool"] = None
+    return held[1]
 
 
 def _adopt(spec: WorkSpec, eval_timeout_s: float):
@@ -197,7 +219,7 @@ class GpuBackend:
         self.evaluator: IsolatedEvaluator | None = None
 
     def __enter__(self) -> "GpuBackend":
-        self._pool_future = _kept_pool(self.workers) or _new_pool_soon(self.workers)
+        self._pool_future = _kept_pool(self.workers) or _prestarted_pool(self.workers) or _new_pool_soon(self.workers)
         try:
             # Spawned, not waited for: the first request (or .device) waits for its context.
             self.evaluator = _adopt(self.spec, self.eval_timeout_s) or IsolatedEvaluator(self.spec,

@@ -306,7 +306,7 @@ def test_a_finished_backend_s_worker_and_pool_serve_the_next_problem_on_its_gpu(
     monkeypatch.setattr(backend, "IsolatedEvaluator", StandInWorker)
     monkeypatch.setattr(backend, "_new_pool_soon", new_pool_soon)
     monkeypatch.setattr(backend, "_kept", {"workers": {}, "pools": {}, "in_child": False})
-    monkeypatch.setattr(backend, "_prestarted", {"evaluator": None})
+    monkeypatch.setattr(backend, "_prestarted", {"evaluator": None, "pool": None})
     other_problem = WorkSpec.of(get_family("sgemv").problem(m=128, n=16), "cold")
     other_gpu = WorkSpec.of(get_family("sgemv").problem(m=128, n=16), "cold", device_index=1)
     with backend.GpuBackend(_spec(), 2, 60.0) as first:
@@ -323,19 +323,23 @@ def test_a_finished_backend_s_worker_and_pool_serve_the_next_problem_on_its_gpu(
     backend._stop_kept()
     assert all(worker.closed for worker in made) and len(made) == 2
 
-    # A worker prestarted for one problem (a GPU agent's first) serves another on its GPU.
+    # A worker prestarted for one problem (a GPU agent's first) serves another on its GPU; the
+    # compile pool prestarted with it serves a backend of its size.
     backend.prestart(_spec(), 2, 60.0)
-    prestarted = made[-1]
+    prestarted, prestarted_pool = made[-1], pools[-1]
     with backend.GpuBackend(other_problem, 2, 60.0) as adopting:
         assert adopting.evaluator is prestarted and prestarted.taken_up == [other_problem]
-    backend.prestart(other_gpu, 2, 60.0)
-    on_gpu1 = made[-1]
+        assert adopting._pool is prestarted_pool and backend._prestarted["pool"] is None
+    backend.prestart(other_gpu, 3, 60.0)
+    on_gpu1, pool_of_3 = made[-1], pools[-1]
     with backend.GpuBackend(_spec(), 2, 60.0) as again:
         assert again.evaluator is prestarted  # kept on GPU 0; the one prestarted on GPU 1 is not taken
-    assert backend._prestarted["evaluator"] is on_gpu1 and not on_gpu1.taken_up
+        assert again._pool is prestarted_pool  # kept; the prestarted pool of 3 is not this size
+    assert backend._prestarted["evaluator"] is on_gpu1 and not on_gpu1.taken_up and not pool_of_3.shut
     backend.discard_prestarted()
     backend._stop_kept()
-    assert on_gpu1.closed and prestarted.closed
+    assert on_gpu1.closed and prestarted.closed and pool_of_3.shut and prestarted_pool.shut
+    assert backend._prestarted == {"evaluator": None, "pool": None}
 
 
 def _keep_a_pool_and_return() -> None:
