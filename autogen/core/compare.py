@@ -66,15 +66,36 @@ def _relative_error_fused(xp, out, ref, magnitude) -> tuple[float, str]:
     shape = np.broadcast_shapes(out.shape, ref.shape)
     flat = lambda a, dtype=None: xp.ascontiguousarray(xp.broadcast_to(xp.asarray(a, dtype=dtype), shape)).ravel()  # noqa: E731
     size, out, ref = out.size, flat(out), flat(ref, xp.float64)
-    codes = int(codes_kernel(out, ref))
+    codes = int(_reduce_all(codes_kernel, out, ref))
     if codes & 0xFFFFFFFF:
         return math.nan, f"{codes & 0xFFFFFFFF} of {size} outputs are NaN/inf (unwritten, or poisoned input read)"
     if codes >> 32:
         return math.nan, f"{codes >> 32} outputs differ where the reference is NaN/inf"
     scale = ref if magnitude is None else flat(magnitude)
-    norm = math.sqrt(float(scale_kernel(scale, ref)))
-    diff = math.sqrt(float(diff_kernel(out, ref)))
+    norm = math.sqrt(float(_reduce_all(scale_kernel, scale, ref)))
+    diff = math.sqrt(float(_reduce_all(diff_kernel, out, ref)))
     return (diff / norm if norm > 0 else diff), ""
+
+
+# Elements a row of _reduce_all's rows: each row is reduced by blocks of its own.
+REDUCE_ROW = 1 << 14
+
+
+def _reduce_all(kernel, *flat_arrays):
+    """`kernel` over every element of the equally long flat CuPy arrays, as one NumPy scalar. Without
+    CUB (checks run under autogen.gpu.measure.plain_reductions) CuPy reduces a whole array in one
+    block, milliseconds a million elements (an fp16 softmax of 32 x 128256 spent 43 of its 46 ms a
+    check there: docs/internals.md); in rows of REDUCE_ROW every row gets blocks of its own, and the
+    rows' partial results are added on the host. The last, shorter row goes the same way as a row
+    of its own (the same 2-D kernel: nothing more to compile)."""
+    size = flat_arrays[0].size
+    whole = size - size % REDUCE_ROW
+    pieces = []
+    if whole:
+        pieces.append(kernel(*(a[:whole].reshape(-1, REDUCE_ROW) for a in flat_arrays), axis=1))
+    if size > whole:
+        pieces.append(kernel(*(a[whole:].reshape(1, -1) for a in flat_arrays), axis=1))
+    return sum(piece.get().sum() for piece in pieces)
 
 
 def rounding_error(xp, ref, dtype: str, magnitude=None) -> float:

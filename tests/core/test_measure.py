@@ -253,3 +253,27 @@ def test_nan_never_passes_whatever_the_family_compare_says():
                              representable_error=lambda *args: math.inf)
     error, reason = judge(family, None, {}, None, None, np)
     assert math.isnan(error) and "relative L2 error nan" in reason
+
+
+def test_a_device_reduction_goes_row_by_row_and_adds_the_rows_on_the_host(monkeypatch):
+    # _reduce_all hands CuPy's reduction kernel rows of REDUCE_ROW elements (a block each) and a last,
+    # shorter row, never the whole array (one block without CUB); a stand-in kernel on NumPy arrays
+    # records the shapes it is given and must add up to the whole.
+    from autogen.core import compare
+
+    monkeypatch.setattr(compare, "REDUCE_ROW", 8)
+    shapes = []
+
+    class Reduced(np.ndarray):
+        def get(self):
+            return np.asarray(self)
+
+    def kernel(out, ref, axis):
+        shapes.append(out.shape)
+        return (out * ref).sum(axis=axis).view(Reduced)
+
+    for size, expected_shapes in ((29, [(3, 8), (1, 5)]), (16, [(2, 8)]), (5, [(1, 5)]), (0, [])):
+        shapes.clear()
+        out, ref = np.arange(size, dtype=np.float64), np.linspace(1.0, 2.0, size)
+        assert compare._reduce_all(kernel, out, ref) == pytest.approx((out * ref).sum())
+        assert shapes == expected_shapes

@@ -36,6 +36,17 @@ def cases():
     yield "wrong infinity", np.array([1.0, INF]), np.array([1.0, -INF]), None
     yield "reference all zero", np.array([1e-6, 0.0]), np.array([0.0, 0.0]), None
     yield "zero reference, magnitude given", np.array([1e-6]), np.array([0.0]), np.array([1.0])
+    # Past autogen.core.compare.REDUCE_ROW (2^14) elements the kernels reduce row by row.
+    big = rng.standard_normal(3 * (1 << 14) + 5)
+    big_near = big + 1e-4 * rng.standard_normal(big.size)
+    yield "rows and a last short row", big_near.astype(np.float32), big, None
+    yield "whole rows, magnitude given", big_near[:2 << 14].astype(np.float16), big[:2 << 14], np.abs(big[:2 << 14]) + 1.0
+    nan_in_last = big_near.copy()
+    nan_in_last[-2] = NAN
+    yield "NaN in the last row", nan_in_last.astype(np.float32), big, None
+    inf_in_middle = big_near.copy()
+    inf_in_middle[(1 << 14) + 3] = INF
+    yield "inf in a middle row", inf_in_middle, big, None
 
 
 @pytest.mark.parametrize("name, out, ref, magnitude", list(cases()), ids=[c[0] for c in cases()])
