@@ -89,12 +89,6 @@ def _blocks_fit_an_sm(p) -> str | None:
     return None
 
 
-def _delay_is_lookback_s(p) -> str | None:
-    if p["mode"] != "lookback" and p["lookback_delay"] != 0:
-        return f"lookback_delay is the look-back's; mode={p['mode']} does not look back"
-    return None
-
-
 SPACE = Space(
     params=(
         Param("mode", ("lookback", "reduce_scan"), "m",
@@ -108,11 +102,8 @@ SPACE = Space(
         Param("min_blocks", (1, 2, 3, 4), "mb",
               "blocks an SM must hold at once (__launch_bounds__' second number): caps the registers "
               "per thread, so more tiles are in flight", added_with_default=1),
-        Param("lookback_delay", (0, 32, 128, 512), "ld",
-              "nanoseconds a look-back warp sleeps (__nanosleep) before polling again a tile status not "
-              "yet published: fewer polls at L2 while many blocks wait", added_with_default=0),
     ),
-    constraints=(_items_fit_registers, _whole_vectors, _raking_fits, _blocks_fit_an_sm, _delay_is_lookback_s),
+    constraints=(_items_fit_registers, _whole_vectors, _raking_fits, _blocks_fit_an_sm),
 )
 
 
