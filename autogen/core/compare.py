@@ -84,10 +84,10 @@ REDUCE_ROW = 1 << 14
 def _reduce_all(kernel, *flat_arrays):
     """`kernel` over every element of the equally long flat CuPy arrays, as one NumPy scalar. Without
     CUB (checks run under autogen.gpu.measure.plain_reductions) CuPy reduces a whole array in one
-    block, milliseconds a million elements (an fp16 softmax of 32 x 128256 spent 43 of its 46 ms a
-    check there: docs/internals.md); in rows of REDUCE_ROW every row gets blocks of its own, and the
-    rows' partial results are added on the host. The last, shorter row goes the same way as a row
-    of its own (the same 2-D kernel: nothing more to compile)."""
+    block, milliseconds a million elements (measured: docs/internals.md, "How a variant is judged");
+    in rows of REDUCE_ROW every row gets blocks of its own, and the rows' partial results are added
+    on the host. The last, shorter row goes the same way as a row of its own (the same 2-D kernel:
+    nothing more to compile)."""
     size = flat_arrays[0].size
     whole = size - size % REDUCE_ROW
     pieces = []
