@@ -47,8 +47,6 @@ from optuna.distributions import (CategoricalDistribution, check_distribution_co
 from optuna.trial import TrialState
 from sqlalchemy import func, insert, select, text
 
-from autogen.search.random_sampler import draw_measurable, draw_near
-
 # Optuna's ORM models (``_rdb.models``) are imported where used, as Optuna itself imports them
 # lazily: the storage that needs them opens on a background thread (studies.open_storage_soon),
 # off the search's start.
@@ -166,22 +164,6 @@ class FixedSpaceTPESampler(optuna.samplers.TPESampler):
 
     def infer_relative_search_space(self, study, trial) -> dict:
         return dict(self._fixed_space)
-
-    def sample_relative(self, study, trial, search_space: dict) -> dict:
-        """TPE's point; while TPE starts (fewer than n_startup_trials finished), where Optuna would
-        draw each parameter on its own over the whole product of the choices (much of it invalid or
-        pruned for the shape), a point the search would measure: one or two parameters from a seed,
-        else uniform among them. The search asks ahead while its first variants compile and run, so
-        its start lasted hundreds of asks, nearly all rejected, each a TPE fit on a growing history
-        (measured: docs/internals.md, "The search")."""
-        point = super().sample_relative(study, trial, search_space)
-        if point or not search_space:
-            return point
-        rng = self._rng.rng
-        trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-        known = [t.params for t in trials if len(t.params) == len(search_space) and "fixed_params" in t.system_attrs]
-        return (draw_near(known, search_space, self.skip, rng) if known else {}) or \
-            draw_measurable(search_space, self.skip, lambda choices: choices[rng.randint(len(choices))])
 
     def _compute_acquisition_func(self, samples, mpe_below, mpe_above):
         """TPE's acquisition of its candidates, with the ones the search would skip ranked last,

@@ -36,33 +36,10 @@ class FixedSpaceRandomSampler(optuna.samplers.RandomSampler):
         return dict(self._fixed_space) if self.skip is not None else {}
 
     def sample_relative(self, study, trial, search_space: dict) -> dict:
-        return draw_measurable(search_space, self.skip, self._draws.choice)
-
-
-def draw_measurable(search_space: dict[str, CategoricalDistribution], skip: Callable[[dict], bool] | None,
-                    choose: Callable[[tuple], object]) -> dict:
-    """A whole point of `search_space`, uniform among those `skip` lets through (drawn by
-    rejection, each choice by `choose`); {} without `skip` or after MAX_DRAWS draws, where Optuna
-    then draws one as it would."""
-    if not search_space or skip is None:
+        if not search_space:
+            return {}
+        for _ in range(MAX_DRAWS):
+            point = {name: self._draws.choice(dist.choices) for name, dist in search_space.items()}
+            if not self.skip(point):
+                return point
         return {}
-    for _ in range(MAX_DRAWS):
-        point = {name: choose(dist.choices) for name, dist in search_space.items()}
-        if not skip(point):
-            return point
-    return {}
-
-
-def draw_near(known: list[dict], search_space: dict, skip, rng, draws: int = 1000) -> dict:
-    """A point the search would measure (`skip` lets it through), one or two parameters away from a
-    random one of `known` (the search's seeds); {} when none is found in `draws` tries."""
-    names = list(search_space)
-    for _ in range(draws if skip is not None else 0):
-        point = dict(known[rng.randint(len(known))])
-        for _ in range(1 + rng.randint(2)):
-            name = names[rng.randint(len(names))]
-            choices = search_space[name].choices
-            point[name] = choices[rng.randint(len(choices))]
-        if not skip(point):
-            return point
-    return {}

@@ -1,5 +1,4 @@
-"""FixedSpaceTPESampler: TPE never proposes a point the search would skip, while it has others; while
-TPE starts, its points are ones the search would measure, near the seeds."""
+"""FixedSpaceTPESampler: TPE never proposes a point the search would skip, while it has others."""
 
 from __future__ import annotations
 
@@ -36,22 +35,3 @@ def test_skipped_points_are_never_proposed_while_others_remain():
 
 def test_when_every_point_is_skipped_tpe_still_proposes():
     assert len(run(lambda params: True)) == 26
-
-
-def test_while_tpe_starts_its_points_are_measurable_and_near_the_seeds():
-    # Nothing finished (as while a search's first variants compile): TPE is starting, where Optuna
-    # would draw each parameter on its own. Every point is one the search would measure, one or
-    # two parameters from a seed.
-    space = {name: CategoricalDistribution(list(range(6))) for name in "abcd"}
-    skipped = lambda params: params["a"] == params["b"] or params["c"] == 5  # noqa: E731
-    seed = {"a": 0, "b": 1, "c": 2, "d": 3}
-    for seeds in ([seed], []):
-        sampler = FixedSpaceTPESampler(space, seed=1, multivariate=True, n_startup_trials=10)
-        sampler.skip = skipped
-        study = optuna.create_study(sampler=sampler)
-        for s in seeds:
-            study.enqueue_trial(s)
-        asked = [study.ask(space).params for _ in range(40)][len(seeds):]
-        assert not any(skipped(p) for p in asked)
-        near = [sum(p[name] != seed[name] for name in space) <= 2 for p in asked]
-        assert all(near) if seeds else not all(near)  # without seeds: uniform among the measurable
