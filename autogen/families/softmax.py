@@ -139,8 +139,8 @@ class Softmax(Family):
         if case["values"] == "large":
             x *= xp.float32(LARGE_SCALE)
         elif case["values"] == "neg_inf":
-            # copyto, not boolean-mask assignment: CuPy runs that as a scan and a scatter, five
-            # more kernels for a cold GPU worker to compile before its first check.
+            # copyto, not boolean-mask assignment: CuPy runs that as a scan and a scatter, kernels a
+            # cold GPU worker would compile before its first check (docs/internals.md).
             xp.copyto(x, -xp.inf, where=rng.random((rows, cols), dtype=xp.float32) < NEG_INF_FRACTION)
             x[rows // 2, :] = -xp.inf
         return {"x": x.astype(problem.dtype, copy=False),
