@@ -4,7 +4,8 @@ bf16, any shape: y[c][r] = x[r][c], an exact copy. Template: templates/transpose
 
 One block stages one tile x tile square in shared memory, so that both the reads of x and the
 writes of y run along rows; the space is the tile, the elements a thread holds, the vector width
-and the staged layout (plain, padded by one element per row, or XOR-swizzled).
+and the staged layout (plain, padded by one element per row, XOR-swizzled, or for 2-byte elements
+two rows a 4-byte word).
 """
 
 from __future__ import annotations
@@ -35,17 +36,31 @@ def _threads_per_block(p) -> str | None:
     return None
 
 
+def _pairs_hold_row_pairs(p) -> str | None:
+    """layout=pairs stages two rows' elements in one 4-byte word: a thread holds an even number
+    of rows, and y's packs are whole words."""
+    if p["layout"] != "pairs":
+        return None
+    if p["vector_width"] < 2:
+        return "layout=pairs reads y's packs as whole words: vector_width must be 2 or more"
+    if (p["elements_per_thread"] // p["vector_width"]) % 2:
+        return (f"layout=pairs holds rows in pairs: elements_per_thread={p['elements_per_thread']} / "
+                f"vector_width={p['vector_width']} rows is odd")
+    return None
+
+
 SPACE = Space(
     params=(
         Param("tile", (32, 64), "t", "side of the square a block stages in shared memory"),
         c2.vector_width_param(),
         Param("elements_per_thread", (2, 4, 8, 16, 32), "ept",
               "elements a thread moves: elements_per_thread / vector_width tile rows of vector_width each"),
-        Param("layout", ("pad", "swizzle", "plain"), "l",
+        Param("layout", ("pad", "swizzle", "plain", "pairs"), "l",
               "the staged square: one spare element per row (no bank conflicts on its columns), the column's "
-              "4-byte word XORed by the row (the same, no spare memory), or plain (conflicted columns)"),
+              "4-byte word XORed by the row (the same, no spare memory), plain (conflicted columns), or "
+              "pairs (2-byte elements: two rows' elements a word, so y's packs are read whole)"),
     ),
-    constraints=(c2.packs_whole, _threads_per_block),
+    constraints=(c2.packs_whole, _threads_per_block, _pairs_hold_row_pairs),
 )
 
 
@@ -95,6 +110,8 @@ class Transpose(Family):
         rows, cols, tile, vw = problem["rows"], problem["cols"], config["tile"], config["vector_width"]
         if vw > 1 and cols % vw and rows % vw:
             return f"vector_width={vw} divides neither rows={rows} nor cols={cols}: every access is single"
+        if config["layout"] == "pairs" and DTYPES[problem.dtype].itemsize != 2:
+            return f"layout=pairs stages two 2-byte elements a word: {problem.dtype} is not 2 bytes"
         if tile == 64 and min(rows, cols) <= 32:
             return f"tile=64 on a side of {min(rows, cols)}: most of every square is empty"
         return None

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from emulated_cuda import build
+
 from autogen.core.registry import get_family
 from autogen.core.render import render
 from autogen.families.concat import SLOTS
@@ -47,91 +49,6 @@ BROKEN_BASE = ("float16", {"vector_width": 8, "elements_per_thread": 16, "block_
 # (k, rows, cols): odd widths, more inputs than a launch takes, a wide and a narrow one.
 SHAPES = [(1, 1, 1), (3, 7, 33), (9, 67, 301), (17, 40, 33), (3, 5, 4099), (4, 300, 7)]
 
-PRELUDE = r"""
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <vector>
-#include <ucontext.h>
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-#define __align__(n) alignas(n)
-#define __shared__ static  // one block runs at a time
-struct Dim3 {
-    unsigned x = 0, y = 0, z = 0;
-};
-static Dim3 threadIdx, blockIdx, blockDim, gridDim;
-
-// Threads of a block as fibers (walk=inputs has barriers): each runs until __syncthreads or its
-// end; when none can run, all must wait at the barrier (then all go on) or all have ended.
-enum FiberState { READY, WAITING, ENDED };
-static ucontext_t scheduler;
-static std::vector<ucontext_t> fibers;
-static std::vector<FiberState> states;
-static std::vector<char> stacks;
-static std::function<void()> thread_body;
-static int running = -1;
-constexpr std::size_t kStack = 64 * 1024;
-
-inline void __syncthreads()
-{
-    if (running < 0) {
-        std::fprintf(stderr, "__syncthreads outside a fibered block\n");
-        std::abort();
-    }
-    states[running] = WAITING;
-    swapcontext(&fibers[running], &scheduler);
-}
-
-static void fiber_main()
-{
-    thread_body();
-    states[running] = ENDED;  // uc_link returns to the scheduler
-}
-
-// Every thread of the current block (blockIdx set) through `body`, barriers honoured.
-static bool run_fibered_block(int block, std::function<void()> body)
-{
-    thread_body = std::move(body);
-    fibers.resize(block);
-    states.assign(block, READY);
-    stacks.resize((std::size_t)block * kStack);
-    for (int t = 0; t < block; ++t) {
-        getcontext(&fibers[t]);
-        fibers[t].uc_stack.ss_sp = stacks.data() + (std::size_t)t * kStack;
-        fibers[t].uc_stack.ss_size = kStack;
-        fibers[t].uc_link = &scheduler;
-        makecontext(&fibers[t], fiber_main, 0);
-    }
-    for (;;) {
-        for (int t = 0; t < block; ++t) {
-            if (states[t] != READY) continue;
-            running = t;
-            threadIdx.x = t;
-            swapcontext(&scheduler, &fibers[t]);
-        }
-        running = -1;
-        int waiting = 0;
-        for (FiberState s : states) waiting += s == WAITING;
-        if (waiting == 0) return true;
-        if (waiting != block) {
-            std::fprintf(stderr, "block %u: %d threads wait at a barrier the others never reach\n", blockIdx.x, waiting);
-            return false;
-        }
-        states.assign(block, READY);
-    }
-}
-// The CUDA intrinsic: the 64 bits hi:lo shifted right by shift & 31, the low 32 bits.
-inline unsigned int __funnelshift_r(unsigned int lo, unsigned int hi, unsigned int shift)
-{
-    return (unsigned int)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
-}
-"""
 
 DRIVER = r"""
 // stdin: variant k rows cols axis offset, the k extents, then per launch its grid (x and y);
@@ -217,14 +134,7 @@ def emulator(tmp_path_factory) -> Path:
         cases.append(f"    case {index}: return run<{elem}>({name}, {params['block_size']}, {fibered});")
     driver = (DRIVER.replace("X_ARGS", ", ".join(f"x[{s}]" for s in range(SLOTS)))
               .replace("E_ARGS", ", ".join(f"e[{s}]" for s in range(SLOTS))).replace("CASES", "\n".join(cases)))
-    source = work / "emulated.cpp"
-    source.write_text(PRELUDE + "static char** ARGV;\n" + "\n".join(kernels) + f"\nconstexpr int kSlots = {SLOTS};\n" + driver)
-    binary = work / "emulated"
-    done = subprocess.run(["g++", "-std=c++17", "-O1", "-w", str(source), "-o", str(binary)], capture_output=True, text=True)
-    if done.returncode != 0 and "not found" in done.stderr:
-        pytest.skip("no g++")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return binary
+    return build(work, "static char** ARGV;\n" + "\n".join(kernels) + f"\nconstexpr int kSlots = {SLOTS};\n" + driver)
 
 
 def variants() -> list[tuple[str, dict, str, str]]:
