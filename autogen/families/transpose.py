@@ -4,8 +4,8 @@ bf16, any shape: y[c][r] = x[r][c], an exact copy. Template: templates/transpose
 
 One block stages one tile x tile square in shared memory, so that both the reads of x and the
 writes of y run along rows; the space is the tile, the elements a thread holds, the vector width
-and the staged layout (plain, padded by one element per row, XOR-swizzled, or for 2-byte elements
-two rows a 4-byte word).
+and the staged layout (plain, padded by one element per row, XOR-swizzled, or two rows' elements
+side by side).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from autogen.families import _elementwise as ew
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 MAX_TILES = 2**31 - 1  # one block per tile, in a 1-D grid
+SHARED_LIMIT = 48 * 1024  # static shared memory a block may declare
 
 
 def _threads_per_block(p) -> str | None:
@@ -37,8 +38,8 @@ def _threads_per_block(p) -> str | None:
 
 
 def _pairs_hold_row_pairs(p) -> str | None:
-    """layout=pairs stages two rows' elements in one 4-byte word: a thread holds an even number
-    of rows, and y's packs are whole words."""
+    """layout=pairs stages two rows' elements of a column as one word: a thread holds an even
+    number of rows, and y's packs are whole words."""
     if p["layout"] != "pairs":
         return None
     if p["vector_width"] < 2:
@@ -49,16 +50,25 @@ def _pairs_hold_row_pairs(p) -> str | None:
     return None
 
 
+def _staged_bytes(config, itemsize: int) -> int:
+    """The shared memory a block's square takes (the template's `square`)."""
+    tile = config["tile"]
+    if config["layout"] == "pairs":
+        return tile * tile * itemsize
+    return tile * (tile + (1 if config["layout"] == "pad" else 0)) * itemsize
+
+
 SPACE = Space(
     params=(
-        Param("tile", (32, 64), "t", "side of the square a block stages in shared memory"),
+        Param("tile", (32, 64, 128), "t", "side of the square a block stages in shared memory (128: 2-byte "
+              "elements only, whose rows of x and y it reads and writes in 256-byte runs)"),
         c2.vector_width_param(),
-        Param("elements_per_thread", (2, 4, 8, 16, 32), "ept",
+        Param("elements_per_thread", (2, 4, 8, 16, 32, 64), "ept",
               "elements a thread moves: elements_per_thread / vector_width tile rows of vector_width each"),
         Param("layout", ("pad", "swizzle", "plain", "pairs"), "l",
               "the staged square: one spare element per row (no bank conflicts on its columns), the column's "
               "4-byte word XORed by the row (the same, no spare memory), plain (conflicted columns), or "
-              "pairs (2-byte elements: two rows' elements a word, so y's packs are read whole)"),
+              "pairs (two rows' elements of a column side by side, so a pack of y is read in one access)"),
     ),
     constraints=(c2.packs_whole, _threads_per_block, _pairs_hold_row_pairs),
 )
@@ -110,10 +120,11 @@ class Transpose(Family):
         rows, cols, tile, vw = problem["rows"], problem["cols"], config["tile"], config["vector_width"]
         if vw > 1 and cols % vw and rows % vw:
             return f"vector_width={vw} divides neither rows={rows} nor cols={cols}: every access is single"
-        if config["layout"] == "pairs" and DTYPES[problem.dtype].itemsize != 2:
-            return f"layout=pairs stages two 2-byte elements a word: {problem.dtype} is not 2 bytes"
-        if tile == 64 and min(rows, cols) <= 32:
-            return f"tile=64 on a side of {min(rows, cols)}: most of every square is empty"
+        staged = _staged_bytes(config, DTYPES[problem.dtype].itemsize)
+        if staged > SHARED_LIMIT:
+            return f"tile={tile} stages {staged} bytes of {problem.dtype} in shared memory: over {SHARED_LIMIT}"
+        if tile > 32 and min(rows, cols) <= tile // 2:
+            return f"tile={tile} on a side of {min(rows, cols)}: most of every square is empty"
         return None
 
     def seed_configs(self, problem: Problem) -> list[Config]:

@@ -23,21 +23,25 @@ CONFIGS = [  # (dtype, params): every layout, pairs at every pack width and both
     ("bfloat16", {"tile": 64, "vector_width": 4, "elements_per_thread": 8, "layout": "pairs"}),
     ("float16", {"tile": 32, "vector_width": 2, "elements_per_thread": 4, "layout": "pairs"}),
     ("float16", {"tile": 64, "vector_width": 2, "elements_per_thread": 16, "layout": "pairs"}),
+    ("float16", {"tile": 128, "vector_width": 8, "elements_per_thread": 64, "layout": "pairs"}),
+    ("bfloat16", {"tile": 128, "vector_width": 8, "elements_per_thread": 32, "layout": "swizzle"}),
     ("float16", {"tile": 32, "vector_width": 8, "elements_per_thread": 8, "layout": "pad"}),
     ("float16", {"tile": 64, "vector_width": 8, "elements_per_thread": 32, "layout": "swizzle"}),
     ("float32", {"tile": 32, "vector_width": 4, "elements_per_thread": 8, "layout": "plain"}),
+    ("float32", {"tile": 64, "vector_width": 4, "elements_per_thread": 16, "layout": "pairs"}),
+    ("float32", {"tile": 32, "vector_width": 2, "elements_per_thread": 4, "layout": "pairs"}),
     ("float32", {"tile": 64, "vector_width": 1, "elements_per_thread": 8, "layout": "pad"}),
 ]
 # Deliberately broken forms of the first config (a renamed copy of its source, one edit): the
 # emulation must catch each, or it proves nothing.
 BROKEN = {
-    "halves": ("(unsigned int)held[2 * p][v] | ((unsigned int)held[2 * p + 1][v] << 16)",
-               "(unsigned int)held[2 * p + 1][v] | ((unsigned int)held[2 * p][v] << 16)"),
+    "halves": ("Pair{held[2 * p][v], held[2 * p + 1][v]}", "Pair{held[2 * p + 1][v], held[2 * p][v]}"),
     "words": ("staged_word(band + j * ROW_STEP, col / 2)", "staged_word(band + j * ROW_STEP, col)"),
     "barrier": ("    __syncthreads();\n", "\n"),
 }
-# rows x cols: single rows and columns, sizes off every tile and pack, a tall and a wide one.
-SHAPES = [(1, 1), (1, 37), (37, 1), (3, 5), (33, 65), (66, 130), (130, 66), (64, 64), (7, 200)]
+# rows x cols: single rows and columns, sizes off every tile and pack, a tall and a wide one
+# (the emulation runs every variant on every shape, pruned or not: the kernel must be exact anyway).
+SHAPES = [(1, 1), (1, 37), (37, 1), (3, 5), (33, 65), (66, 130), (130, 66), (64, 64), (7, 200), (257, 131)]
 
 DRIVER = r"""
 // stdin: variant rows cols offset; x's values from argv[1], y written to argv[2]. One block per
