@@ -97,8 +97,7 @@ SPACE = Space(
         Param("block_scan", ("warp_shuffle", "raking"), "bk",
               "the scan across a tile's threads: warp shuffles per row, or one warp raking over shared memory"),
         Param("block_size", (128, 256, 512, 1024), "bs", "threads per block"),
-        Param("items_per_thread", (4, 8, 16, 24, 32), "ipt",
-              "elements each thread scans per tile (24: CUB's fp32 tile on sm_90 is 128 threads x 24)"),
+        Param("items_per_thread", (4, 8, 16, 32), "ipt", "elements each thread scans per tile"),
         Param("vector_width", (1, 2, 4, 8), "vw", "consecutive elements a thread loads and stores per row (in 16-byte accesses at most)"),
         Param("min_blocks", (1, 2, 3, 4), "mb",
               "blocks an SM must hold at once (__launch_bounds__' second number): caps the registers "
