@@ -69,6 +69,10 @@ SPACE = Space(
               "the staged square: one spare element per row (no bank conflicts on its columns), the column's "
               "4-byte word XORed by the row (the same, no spare memory), plain (conflicted columns), or "
               "pairs (two rows' elements of a column side by side, so a pack of y is read in one access)"),
+        Param("raster", ("rows", "cols"), "r",
+              "the order blocks take the squares in: along x's rows of squares (consecutive blocks read "
+              "adjacent runs of the same rows of x), or down its columns (they write adjacent runs of the "
+              "same rows of y)", added_with_default="rows"),
     ),
     constraints=(c2.packs_whole, _threads_per_block, _pairs_hold_row_pairs),
 )

@@ -17,7 +17,7 @@ from autogen.core.registry import get_family
 from autogen.core.render import render
 
 TRANSPOSE = get_family("transpose")
-CONFIGS = [  # (dtype, params): every layout, pairs at every pack width and both tiles
+CONFIGS = [  # (dtype, params): every layout and raster, pairs at every pack width and tile
     ("float16", {"tile": 32, "vector_width": 8, "elements_per_thread": 16, "layout": "pairs"}),
     ("float16", {"tile": 64, "vector_width": 8, "elements_per_thread": 32, "layout": "pairs"}),
     ("bfloat16", {"tile": 64, "vector_width": 4, "elements_per_thread": 8, "layout": "pairs"}),
@@ -26,6 +26,8 @@ CONFIGS = [  # (dtype, params): every layout, pairs at every pack width and both
     ("float16", {"tile": 128, "vector_width": 8, "elements_per_thread": 64, "layout": "pairs"}),
     ("bfloat16", {"tile": 128, "vector_width": 8, "elements_per_thread": 32, "layout": "swizzle"}),
     ("float16", {"tile": 32, "vector_width": 8, "elements_per_thread": 8, "layout": "pad"}),
+    ("float16", {"tile": 64, "vector_width": 8, "elements_per_thread": 16, "layout": "pairs", "raster": "cols"}),
+    ("float32", {"tile": 32, "vector_width": 1, "elements_per_thread": 8, "layout": "pad", "raster": "cols"}),
     ("float16", {"tile": 64, "vector_width": 8, "elements_per_thread": 32, "layout": "swizzle"}),
     ("float32", {"tile": 32, "vector_width": 4, "elements_per_thread": 8, "layout": "plain"}),
     ("float32", {"tile": 64, "vector_width": 4, "elements_per_thread": 16, "layout": "pairs"}),
