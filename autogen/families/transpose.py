@@ -25,7 +25,6 @@ from autogen.families import _elementwise as ew
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 MAX_TILES = 2**31 - 1  # one block per tile, in a 1-D grid
-SHARED_LIMIT = 48 * 1024  # static shared memory a block may declare
 
 
 def _threads_per_block(p) -> str | None:
@@ -50,20 +49,11 @@ def _pairs_hold_row_pairs(p) -> str | None:
     return None
 
 
-def _staged_bytes(config, itemsize: int) -> int:
-    """The shared memory a block's square takes (the template's `square`)."""
-    tile = config["tile"]
-    if config["layout"] == "pairs":
-        return tile * tile * itemsize
-    return tile * (tile + (1 if config["layout"] == "pad" else 0)) * itemsize
-
-
 SPACE = Space(
     params=(
-        Param("tile", (32, 64, 128), "t", "side of the square a block stages in shared memory (128: 2-byte "
-              "elements only, whose rows of x and y it reads and writes in 256-byte runs)"),
+        Param("tile", (32, 64), "t", "side of the square a block stages in shared memory"),
         c2.vector_width_param(),
-        Param("elements_per_thread", (2, 4, 8, 16, 32, 64), "ept",
+        Param("elements_per_thread", (2, 4, 8, 16, 32), "ept",
               "elements a thread moves: elements_per_thread / vector_width tile rows of vector_width each"),
         Param("layout", ("pad", "swizzle", "plain", "pairs"), "l",
               "the staged square: one spare element per row (no bank conflicts on its columns), the column's "
@@ -124,11 +114,8 @@ class Transpose(Family):
         rows, cols, tile, vw = problem["rows"], problem["cols"], config["tile"], config["vector_width"]
         if vw > 1 and cols % vw and rows % vw:
             return f"vector_width={vw} divides neither rows={rows} nor cols={cols}: every access is single"
-        staged = _staged_bytes(config, DTYPES[problem.dtype].itemsize)
-        if staged > SHARED_LIMIT:
-            return f"tile={tile} stages {staged} bytes of {problem.dtype} in shared memory: over {SHARED_LIMIT}"
-        if tile > 32 and min(rows, cols) <= tile // 2:
-            return f"tile={tile} on a side of {min(rows, cols)}: most of every square is empty"
+        if tile == 64 and min(rows, cols) <= 32:
+            return f"tile=64 on a side of {min(rows, cols)}: most of every square is empty"
         return None
 
     def seed_configs(self, problem: Problem) -> list[Config]:

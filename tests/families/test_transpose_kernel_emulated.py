@@ -23,8 +23,6 @@ CONFIGS = [  # (dtype, params): every layout and raster, pairs at every pack wid
     ("bfloat16", {"tile": 64, "vector_width": 4, "elements_per_thread": 8, "layout": "pairs"}),
     ("float16", {"tile": 32, "vector_width": 2, "elements_per_thread": 4, "layout": "pairs"}),
     ("float16", {"tile": 64, "vector_width": 2, "elements_per_thread": 16, "layout": "pairs"}),
-    ("float16", {"tile": 128, "vector_width": 8, "elements_per_thread": 64, "layout": "pairs"}),
-    ("bfloat16", {"tile": 128, "vector_width": 8, "elements_per_thread": 32, "layout": "swizzle"}),
     ("float16", {"tile": 32, "vector_width": 8, "elements_per_thread": 8, "layout": "pad"}),
     ("float16", {"tile": 64, "vector_width": 8, "elements_per_thread": 16, "layout": "pairs", "raster": "cols"}),
     ("float32", {"tile": 32, "vector_width": 1, "elements_per_thread": 8, "layout": "pad", "raster": "cols"}),
