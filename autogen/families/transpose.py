@@ -120,15 +120,17 @@ class Transpose(Family):
 
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The article's kernel first (32 x 32 tiles, padded, 8 elements a thread), then 64-wide
-        squares of row pairs with 16-byte packs (the fastest fp16 and fp32 point at 64 MiB on the
-        H200 in session 28), then 16-byte packs padded and swizzled, then a 64-wide tile; those
-        pruned left out."""
+        squares taken down x's columns (raster=cols): of row pairs with 16-byte packs (the fastest
+        fp16 point at 64 MiB on the H100 in session 28), padded with 4-byte packs (odd bf16 shapes'
+        fastest there, 1.26x its rows twin) and padded single elements; then 16-byte packs padded
+        and swizzled. The first four that fit the problem."""
         wide = c2.MAX_PACK_BYTES // DTYPES[problem.dtype].itemsize
         points = ({"tile": 32, "vector_width": 1, "elements_per_thread": 8, "layout": "pad"},
-                  {"tile": 64, "vector_width": wide, "elements_per_thread": 16, "layout": "pairs"},
+                  {"tile": 64, "vector_width": wide, "elements_per_thread": 16, "layout": "pairs", "raster": "cols"},
+                  {"tile": 64, "vector_width": 2, "elements_per_thread": 8, "layout": "pad", "raster": "cols"},
+                  {"tile": 64, "vector_width": 1, "elements_per_thread": 8, "layout": "pad", "raster": "cols"},
                   {"tile": 32, "vector_width": wide, "elements_per_thread": wide * 2, "layout": "pad"},
-                  {"tile": 64, "vector_width": wide, "elements_per_thread": wide * 4, "layout": "swizzle"},
-                  {"tile": 64, "vector_width": 2, "elements_per_thread": 16, "layout": "pad"})
+                  {"tile": 64, "vector_width": wide, "elements_per_thread": wide * 4, "layout": "swizzle"})
         return ew.fitting_seeds(self, problem, points)
 
     # --- data -----------------------------------------------------------------------------
