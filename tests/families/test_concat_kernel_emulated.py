@@ -9,13 +9,11 @@ ends and the plan's grids on odd shapes and splits without a GPU."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from emulated_cuda import build
+from emulated_cuda import build, finite_bits, mismatches, with_flaws
 
 from autogen.core.registry import get_family
 from autogen.core.render import render
@@ -38,8 +36,7 @@ CONFIGS = [  # (dtype, params): every walk, every unit width, single elements, t
     ("float32", {"vector_width": 4, "elements_per_thread": 8, "block_size": 128, "walk": "inputs"}),
     ("bfloat16", {"vector_width": 2, "elements_per_thread": 4, "block_size": 128, "walk": "inputs"}),
 ]  # walk=inputs: offset 1 puts each input off a Pack, so its single-element stage runs too
-# Deliberately broken forms of walk=inputs (a renamed copy of the first config's source, one
-# edit): the emulation must catch each, or it proves nothing.
+# Deliberately broken forms of walk=inputs (emulated_cuda.with_flaws).
 BROKEN = {
     "carry": ("            col -= (int)width;\n", "            col -= (int)width - 1;\n"),
     "barrier": ("        __syncthreads();\n        scatter(", "        scatter("),
@@ -104,21 +101,7 @@ int run(K kernel, int block, bool fibered)
             }
         for (int s = 0; s < slots; ++s) first += e[s];
     }
-    std::FILE* result = std::fopen(ARGV[2], "wb");
-    std::fwrite(y, sizeof(E), n, result);
-    std::fclose(result);
-    return 0;
-}
-
-int main(int, char** argv)
-{
-    ARGV = argv;
-    int variant = -1;
-    if (std::scanf("%d", &variant) != 1) return 2;
-    switch (variant) {
-CASES
-    }
-    return 2;
+    return write_output(y, n);
 }
 """
 
@@ -132,9 +115,9 @@ def emulator(tmp_path_factory) -> Path:
         elem = "float" if dtype == "float32" else "unsigned short"
         fibered = "true" if "__syncthreads" in source else "false"
         cases.append(f"    case {index}: return run<{elem}>({name}, {params['block_size']}, {fibered});")
-    driver = (DRIVER.replace("X_ARGS", ", ".join(f"x[{s}]" for s in range(SLOTS)))
-              .replace("E_ARGS", ", ".join(f"e[{s}]" for s in range(SLOTS))).replace("CASES", "\n".join(cases)))
-    return build(work, "static char** ARGV;\n" + "\n".join(kernels) + f"\nconstexpr int kSlots = {SLOTS};\n" + driver)
+    driver = (f"\nconstexpr int kSlots = {SLOTS};\n" + DRIVER.replace("X_ARGS", ", ".join(f"x[{s}]" for s in range(SLOTS)))
+              .replace("E_ARGS", ", ".join(f"e[{s}]" for s in range(SLOTS))))
+    return build(work, kernels, driver, cases)
 
 
 def variants() -> list[tuple[str, dict, str, str]]:
@@ -144,12 +127,7 @@ def variants() -> list[tuple[str, dict, str, str]]:
         config = CONCAT.space.check(params)
         found.append((dtype, params, CONCAT.kernel_name(dtype, config), render(CONCAT, dtype, config)))
     dtype, params = BROKEN_BASE
-    config = CONCAT.space.check(params)
-    name, source = CONCAT.kernel_name(dtype, config), render(CONCAT, dtype, config)
-    for flaw, (old, new) in BROKEN.items():
-        assert source.count(old) == 1, f"{flaw}: {old!r} is not once in {name}"
-        found.append((dtype, params, f"{name}_{flaw}", source.replace(old, new).replace(name, f"{name}_{flaw}")))
-    return found
+    return found + [(dtype, params, name, source) for name, source in with_flaws(CONCAT, dtype, params, BROKEN)]
 
 
 def splits(rng, total: int, k: int) -> list[list[int]]:
@@ -164,13 +142,11 @@ def splits(rng, total: int, k: int) -> list[list[int]]:
     return parts
 
 
-def mismatches(emulator, tmp_path, variant: int, dtype: str, params: dict, first_only: bool = False) -> list[str]:
+def cases(variant: int, dtype: str, params: dict):
     """Every launch of the plan on SHAPES along both axes, each split, aligned and one element off:
-    what differs from numpy's concatenation (the first only, with first_only)."""
-    storage = np.uint32 if dtype == "float32" else np.uint16
+    (stdin spec, the inputs' values in order, numpy's concatenation)."""
     config = CONCAT.space.check(params)
     rng = np.random.default_rng(variant)
-    wrong_cases = []
     for k, rows, cols in SHAPES:
         for axis in (0, 1):
             total = rows if axis == 0 else cols
@@ -180,38 +156,24 @@ def mismatches(emulator, tmp_path, variant: int, dtype: str, params: dict, first
             grids = [f"{step.launch.grid[0]} {step.launch.grid[1]}" for step in CONCAT.plan(problem, config)]
             for extents in splits(rng, total, k):
                 for offset in (0, 1):
-                    # Random bits with the exponent's top bit clear: finite, never the poison.
-                    values = rng.integers(0, np.iinfo(storage).max, rows * cols, dtype=np.uint64).astype(storage)
-                    values &= storage(0xbfffffff if dtype == "float32" else 0xbfff)
+                    values = finite_bits(rng, rows * cols, dtype)
                     pieces, at = [], 0
                     for e in extents:
                         shape = (e, cols) if axis == 0 else (rows, e)
                         pieces.append(values[at:at + e * (cols if axis == 0 else rows)].reshape(shape))
                         at += pieces[-1].size
-                    (tmp_path / "in.bin").write_bytes(values.tobytes())
                     spec = " ".join(map(str, [variant, k, rows, cols, axis, offset, *extents, *grids]))
-                    done = subprocess.run([str(emulator), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
-                                          input=spec, capture_output=True, text=True, timeout=60)
-                    if done.returncode != 0:
-                        wrong_cases.append(f"{spec}: exit {done.returncode} {done.stderr.strip()}")
-                    else:
-                        got = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype=storage).reshape(rows, cols)
-                        wrong = np.flatnonzero(got != np.concatenate(pieces, axis=axis))
-                        if wrong.size:
-                            wrong_cases.append(f"{spec}: {wrong.size} wrong, first {wrong[:5]}")
-                    if wrong_cases and first_only:
-                        return wrong_cases
-    return wrong_cases
+                    yield spec, values, np.concatenate(pieces, axis=axis)
 
 
 @pytest.mark.parametrize("variant", range(len(CONFIGS)))
 def test_every_launch_of_the_plan_joins_the_inputs_exactly(emulator, tmp_path, variant):
     dtype, params = CONFIGS[variant]
-    wrong = mismatches(emulator, tmp_path, variant, dtype, params)
+    wrong = mismatches(emulator, tmp_path, cases(variant, dtype, params))
     assert not wrong, f"{CONCAT.kernel_name(dtype, CONCAT.space.check(params))}: {wrong[:3]}"
 
 
 @pytest.mark.parametrize("flaw", list(BROKEN))
 def test_a_broken_input_walk_fails_the_emulation(emulator, tmp_path, flaw):
     dtype, params = BROKEN_BASE
-    assert mismatches(emulator, tmp_path, len(CONFIGS) + list(BROKEN).index(flaw), dtype, params, first_only=True)
+    assert mismatches(emulator, tmp_path, cases(len(CONFIGS) + list(BROKEN).index(flaw), dtype, params), first_only=True)

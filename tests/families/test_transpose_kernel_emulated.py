@@ -7,11 +7,9 @@ layout=pairs above all) and the edge tiles on odd shapes without a GPU."""
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
-from emulated_cuda import build
+from emulated_cuda import build, finite_bits, mismatches, with_flaws
 
 from autogen.core.registry import get_family
 from autogen.core.render import render
@@ -34,8 +32,7 @@ CONFIGS = [  # (dtype, params): every layout and raster, pairs at every pack wid
     ("float32", {"tile": 32, "vector_width": 2, "elements_per_thread": 4, "layout": "pairs"}),
     ("float32", {"tile": 64, "vector_width": 1, "elements_per_thread": 8, "layout": "pad"}),
 ]
-# Deliberately broken forms of the first config (a renamed copy of its source, one edit): the
-# emulation must catch each, or it proves nothing.
+# Deliberately broken forms of the first config (emulated_cuda.with_flaws).
 BROKEN = {
     "halves": ("Pair{held[2 * p][v], held[2 * p + 1][v]}", "Pair{held[2 * p + 1][v], held[2 * p][v]}"),
     "words": ("staged_word(band + j * ROW_STEP, col / 2)", "staged_word(band + j * ROW_STEP, col)"),
@@ -46,8 +43,8 @@ BROKEN = {
 SHAPES = [(1, 1), (1, 37), (37, 1), (3, 5), (33, 65), (66, 130), (130, 66), (64, 64), (7, 200), (257, 131), (300, 97)]
 
 DRIVER = r"""
-// stdin: variant rows cols offset; x's values from argv[1], y written to argv[2]. One block per
-// tile of the family's launch, each block's threads as fibers.
+// stdin: (the variant, read by MAIN) rows cols offset; x's values from argv[1], y written to
+// argv[2]. One block per tile of the family's launch, each block's threads as fibers.
 template <class E, class K>
 int run(K kernel, int tile, int threads)
 {
@@ -65,21 +62,7 @@ int run(K kernel, int tile, int threads)
     blockDim.x = threads, gridDim.x = grid, gridDim.y = 1;
     for (blockIdx.x = 0; blockIdx.x < grid; ++blockIdx.x)
         if (!run_fibered_block(threads, [&] { kernel(x, y, rows, cols); })) return 5;
-    std::FILE* result = std::fopen(ARGV[2], "wb");
-    std::fwrite(y, sizeof(E), n, result);
-    std::fclose(result);
-    return 0;
-}
-
-int main(int, char** argv)
-{
-    ARGV = argv;
-    int variant = -1;
-    if (std::scanf("%d", &variant) != 1) return 2;
-    switch (variant) {
-CASES
-    }
-    return 2;
+    return write_output(y, n);
 }
 """
 
@@ -90,11 +73,8 @@ def variants() -> list[tuple[str, dict, str, str]]:
     for dtype, params in CONFIGS:
         config = TRANSPOSE.space.check(params)
         found.append((dtype, params, TRANSPOSE.kernel_name(dtype, config), render(TRANSPOSE, dtype, config)))
-    dtype, params, name, source = found[0]
-    for flaw, (old, new) in BROKEN.items():
-        assert source.count(old) == 1, f"{flaw}: {old!r} is not once in {name}"
-        found.append((dtype, params, f"{name}_{flaw}", source.replace(old, new).replace(name, f"{name}_{flaw}")))
-    return found
+    dtype, params = CONFIGS[0]
+    return found + [(dtype, params, name, source) for name, source in with_flaws(TRANSPOSE, dtype, params, BROKEN)]
 
 
 @pytest.fixture(scope="module")
@@ -105,43 +85,25 @@ def emulator(tmp_path_factory):
         elem = "float" if dtype == "float32" else "unsigned short"
         threads = params["tile"] ** 2 // params["elements_per_thread"]
         cases.append(f"    case {index}: return run<{elem}>({name}, {params['tile']}, {threads});")
-    driver = DRIVER.replace("CASES", "\n".join(cases))
-    return build(tmp_path_factory.mktemp("transpose_emulated"), "static char** ARGV;\n" + "\n".join(kernels) + driver)
+    return build(tmp_path_factory.mktemp("transpose_emulated"), kernels, DRIVER, cases)
 
 
-def mismatches(emulator, tmp_path, variant: int, dtype: str, first_only: bool = False) -> list[str]:
-    """Every shape of SHAPES, aligned and one element off: what differs from numpy's transpose."""
-    storage = np.uint32 if dtype == "float32" else np.uint16
+def cases(variant: int, dtype: str):
+    """Every shape of SHAPES, aligned and one element off: (stdin spec, x, numpy's transpose)."""
     rng = np.random.default_rng(variant)
-    wrong_cases = []
     for rows, cols in SHAPES:
         for offset in (0, 1):
-            # Random bits with the exponent's top bit clear: finite, never the poison.
-            x = rng.integers(0, np.iinfo(storage).max, (rows, cols), dtype=np.uint64).astype(storage)
-            x &= storage(0xbfffffff if dtype == "float32" else 0xbfff)
-            (tmp_path / "in.bin").write_bytes(x.tobytes())
-            spec = f"{variant} {rows} {cols} {offset}"
-            done = subprocess.run([str(emulator), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
-                                  input=spec, capture_output=True, text=True, timeout=60)
-            if done.returncode != 0:
-                wrong_cases.append(f"{spec}: exit {done.returncode} {done.stderr.strip()}")
-            else:
-                got = np.frombuffer((tmp_path / "out.bin").read_bytes(), dtype=storage).reshape(cols, rows)
-                wrong = np.flatnonzero(got != x.T)
-                if wrong.size:
-                    wrong_cases.append(f"{spec}: {wrong.size} wrong, first {wrong[:5]}")
-            if wrong_cases and first_only:
-                return wrong_cases
-    return wrong_cases
+            x = finite_bits(rng, rows * cols, dtype).reshape(rows, cols)
+            yield f"{variant} {rows} {cols} {offset}", x, np.ascontiguousarray(x.T)
 
 
 @pytest.mark.parametrize("variant", range(len(CONFIGS)))
 def test_every_tile_of_the_launch_transposes_exactly(emulator, tmp_path, variant):
     dtype, params = CONFIGS[variant]
-    wrong = mismatches(emulator, tmp_path, variant, dtype)
+    wrong = mismatches(emulator, tmp_path, cases(variant, dtype))
     assert not wrong, f"{TRANSPOSE.kernel_name(dtype, TRANSPOSE.space.check(params))}: {wrong[:3]}"
 
 
 @pytest.mark.parametrize("flaw", list(BROKEN))
 def test_a_broken_pairs_layout_fails_the_emulation(emulator, tmp_path, flaw):
-    assert mismatches(emulator, tmp_path, len(CONFIGS) + list(BROKEN).index(flaw), CONFIGS[0][0], first_only=True)
+    assert mismatches(emulator, tmp_path, cases(len(CONFIGS) + list(BROKEN).index(flaw), CONFIGS[0][0]), first_only=True)
