@@ -25,7 +25,6 @@ from autogen.families import _elementwise as ew
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 MAX_TILES = 2**31 - 1  # one block per tile, in a 1-D grid
-RASTER_GROUP = 8  # rows of squares in a band of raster=groups: runs of 8 x 128 bytes of fp16 at tile 64
 
 
 def _threads_per_block(p) -> str | None:
@@ -60,11 +59,10 @@ SPACE = Space(
               "the staged square: one spare element per row (no bank conflicts on its columns), the column's "
               "4-byte word XORed by the row (the same, no spare memory), plain (conflicted columns), or "
               "pairs (two rows' elements of a column side by side, so a pack of y is read in one access)"),
-        Param("raster", ("rows", "cols", "groups"), "r",
+        Param("raster", ("rows", "cols"), "r",
               "the order blocks take the squares in: along x's rows of squares (consecutive blocks read "
-              "adjacent runs of the same rows of x), down its columns (they write adjacent runs of the "
-              "same rows of y), or in bands of RASTER_GROUP rows of squares, a column of the band at a "
-              "time (runs of that many squares on both sides)", added_with_default="rows"),
+              "adjacent runs of the same rows of x), or down its columns (they write adjacent runs of the "
+              "same rows of y)", added_with_default="rows"),
     ),
     constraints=(c2.packs_whole, _threads_per_block, _pairs_hold_row_pairs),
 )
@@ -98,9 +96,6 @@ class Transpose(Family):
         tiles = c2.rounded_up(problem["rows"], 32) * c2.rounded_up(problem["cols"], 32)
         if tiles > MAX_TILES:
             raise UsageError(f"transpose: {problem['rows']} x {problem['cols']} is over {MAX_TILES} tiles of 32 x 32")
-
-    def template_vars(self, dtype: str, config: Config, host_launcher: bool = False, traits=()) -> dict:
-        return {**super().template_vars(dtype, config, host_launcher, traits), "raster_group": RASTER_GROUP}
 
     # --- geometry -------------------------------------------------------------------------
     def launch(self, problem: Problem, config: Config) -> Launch:
