@@ -67,6 +67,7 @@ def test_optuna_s_trial_tables_hold_exactly_the_columns_add_trials_writes(model,
 
 def test_the_tpe_hooks_the_sampler_overrides_are_there():
     assert _parameters(TPESampler._compute_acquisition_func) == ["self", "samples", "mpe_below", "mpe_above"]
+    assert _parameters(TPESampler._get_internal_repr) == ["self", "trials", "search_space", "study"]
     assert _parameters(_ParzenEstimator.sample) == ["self", "rng", "size"]
     assert isinstance(TPESampler(seed=0)._rng.rng, np.random.RandomState)
     # TPE draws its candidates with its _rng, scores them with the hook, then compares the
@@ -236,3 +237,23 @@ def test_no_module_outside_the_fence_names_an_optuna_private():
              for uses in [optuna_private_uses(path.read_text(), privates)] if uses}
     assert found == {}
     assert optuna_private_uses(FENCE.read_text(), privates)  # the scan sees the fence's own uses
+
+
+def test_the_sampler_converts_each_finished_trial_once_into_optuna_s_own_arrays():
+    sampler = FixedSpaceTPESampler(SPACE, seed=0, multivariate=True, constant_liar=True)
+    study = optuna.create_study(sampler=sampler)
+    for a in (1, 2, 3, 4):
+        study.add_trial(optuna.trial.create_trial(params={"a": a, "b": "y"}, distributions=SPACE, value=float(a)))
+    study.add_trial(optuna.trial.create_trial(params={"a": 2}, distributions={"a": SPACE["a"]}, value=9.0))  # not all
+    running = study.ask()  # constant liar: a running trial is read too, and never kept
+    running.suggest_categorical("a", SPACE["a"].choices)
+    running.suggest_categorical("b", SPACE["b"].choices)
+    trials = study.get_trials(deepcopy=False)
+    for _ in range(2):  # the second time from the kept rows
+        ours = sampler._get_internal_repr(trials, dict(SPACE), study)
+        optunas = TPESampler._get_internal_repr(sampler, trials, dict(SPACE), study)
+        assert ours.keys() == optunas.keys()
+        for name in ours:
+            assert ours[name].dtype == optunas[name].dtype and np.array_equal(ours[name], optunas[name])
+        assert len(ours["a"]) == 5  # four finished, the running one; the one without b left out
+    assert len(sampler._internal_rows) == 4
