@@ -16,16 +16,22 @@ def objective(params: dict) -> float:
     return (8 - params["a"]) + (0 if params["b"] == "x" else 3)
 
 
-def run(skip) -> list[dict]:
-    sampler = FixedSpaceTPESampler(SPACE, seed=1, multivariate=True, n_startup_trials=4)
+def proposals(sampler, skip, asks: int) -> list[dict]:
+    """The points a study with `sampler` (its skip set to `skip`) proposes in `asks` asks, each told
+    the objective's value."""
     sampler.skip = skip
     study = optuna.create_study(sampler=sampler)
-    proposals = []
-    for _ in range(30):
+    proposed = []
+    for _ in range(asks):
         trial = study.ask(SPACE)
-        proposals.append(trial.params)
+        proposed.append(trial.params)
         study.tell(trial, objective(trial.params))
-    return proposals[4:]  # after the random start-up trials
+    return proposed
+
+
+def run(skip) -> list[dict]:
+    sampler = FixedSpaceTPESampler(SPACE, seed=1, multivariate=True, n_startup_trials=4)
+    return proposals(sampler, skip, 30)[4:]  # after the random start-up trials
 
 
 def test_skipped_points_are_never_proposed_while_others_remain():
@@ -71,19 +77,13 @@ def proposals_and_acquisitions(sampler_class, monkeypatch) -> tuple[list[dict], 
 
     monkeypatch.setattr(optuna.samplers.TPESampler, "_compute_acquisition_func", counting)
     sampler = sampler_class(SPACE, seed=3, multivariate=True, n_startup_trials=4, n_ei_candidates=2)
-    sampler.skip = lambda params: not (params["a"] == 2 and params["b"] == "z")  # noqa: E731
-    study = optuna.create_study(sampler=sampler)
-    proposals = []
-    for _ in range(40):
-        trial = study.ask(SPACE)
-        proposals.append(trial.params)
-        study.tell(trial, objective(trial.params))
-    return proposals, len(computed)
+    proposed = proposals(sampler, lambda params: not (params["a"] == 2 and params["b"] == "z"), 40)
+    return proposed, len(computed)
 
 
 def test_the_sampler_s_shortcuts_leave_tpe_s_proposals_as_they_were(monkeypatch):
     # No acquisition for a batch all skipped, and finished trials converted once: the same proposals.
-    proposals, computed = proposals_and_acquisitions(FixedSpaceTPESampler, monkeypatch)
+    proposed, computed = proposals_and_acquisitions(FixedSpaceTPESampler, monkeypatch)
     reference, reference_computed = proposals_and_acquisitions(ComputeEveryBatch, monkeypatch)
-    assert proposals == reference
+    assert proposed == reference
     assert computed < reference_computed
