@@ -136,8 +136,6 @@ class Concat(Family):
             return f"vector_width={vw} does not divide cols={cols}: rows of y break packs"
         if config["walk"] == "inputs":
             return _inputs_reject_reason(problem, config)
-        if config["walk"] == "shift" and vw * DTYPES[problem.dtype].itemsize != c2.MAX_PACK_BYTES:
-            return f"walk=shift builds 16-byte stores: vector_width={vw} of {problem.dtype} is not 16 bytes"
         if config["walk"] != "elements" and problem["axis"] == "1" and per_block > 2 * cols and config["block_size"] > 128:
             return f"block_size*elements_per_thread={per_block} is over twice a row of {cols}: most threads idle"
         if config["block_size"] > 128 and per_block > 2 * c2.elements(problem):
