@@ -145,8 +145,8 @@ class Concat(Family):
     def seed_configs(self, problem: Problem) -> list[Config]:
         """Along axis 1 with inputs narrower than a row walk's chunk, first the input walk (its
         blocks never wait on one run after another); then the shifted row walk with 16-byte packs,
-        two a thread, 128 threads (the fastest of 36 fp16 64 MiB points on the H100 in session 28,
-        within a point of the fastest on the H200); row runs in units of up to 16 bytes, two or four a
+        two a thread, 128 threads (a chunk within one input's run of a 64 MiB join; measured in
+        docs/families/transpose_concat.md); row runs in units of up to 16 bytes, two or four a
         thread, and in single elements; the shifted row walk of 256 threads; then the element walk
         with 16-byte packs and with single elements; the first four that fit the problem."""
         wide = c2.MAX_PACK_BYTES // DTYPES[problem.dtype].itemsize

@@ -120,10 +120,10 @@ class Transpose(Family):
 
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The article's kernel first (32 x 32 tiles, padded, 8 elements a thread), then 64-wide
-        squares taken down x's columns (raster=cols): of row pairs with 16-byte packs (the fastest
-        fp16 point at 64 MiB on the H100 in session 28), padded with 4-byte packs (odd bf16 shapes'
-        fastest there, 1.26x its rows twin) and padded single elements; then 16-byte packs padded
-        and swizzled. The first four that fit the problem."""
+        squares taken down x's columns (raster=cols: long runs of y's rows, which the measured GPUs
+        reward; docs/families/transpose_concat.md): of row pairs with 16-byte packs, padded with
+        4-byte packs and padded single elements; then 16-byte packs padded and swizzled. The first
+        four that fit the problem."""
         wide = c2.MAX_PACK_BYTES // DTYPES[problem.dtype].itemsize
         points = ({"tile": 32, "vector_width": 1, "elements_per_thread": 8, "layout": "pad"},
                   {"tile": 64, "vector_width": wide, "elements_per_thread": 16, "layout": "pairs", "raster": "cols"},

@@ -26,9 +26,8 @@ The touch-points, and why each is needed:
 6. ``TPESampler._sample``'s order: it hands one ``samples`` dict to _compute_acquisition_func and
    then to _compare, so candidates redrawn into its arrays are the ones compared.
 7. ``TPESampler._get_internal_repr(trials, search_space, study)``: every ask (a TPE fit) converts
-   the parameters of every trial so far to their internal form, twice, in Optuna's Python loop:
-   a search of 600 rejected asks spent 3.7 of its 17.8 s there under cProfile (scripts/sim_search_start.py,
-   seed 0).
+   the parameters of every trial so far to their internal form, twice, in Optuna's Python loop, a
+   cost that grows with the trials (docs/internals.md, "The search").
    FixedSpaceTPESampler keeps each finished trial's converted row (a finished trial's parameters
    never change) and converts only the new ones, through this same method, so the arrays are
    Optuna's own, row for row.
