@@ -255,11 +255,39 @@ class SearchLoop(TakeOver, BatchClaims):
             if self._locally_known(params):
                 continue
             self.local.enqueue_trial(params)
-            return self.local.ask(self.dists)
+            return self._ask_local()
         if self.options.sampler == "exhaustive":
             self.space_done = True
             return None
-        return self.local.ask(self.dists)
+        return self._ask_local()
+
+    def _ask_local(self) -> optuna.trial.Trial:
+        trial = self.local.ask(self.dists)
+        self._tell_unasked()
+        return trial
+
+    def _tell_unasked(self) -> None:
+        """Tell TPE the proposals its sampler made for the search during the ask without asking
+        (the best of each group of candidate batches all skipped: FixedSpaceTPESampler.unasked),
+        as their own asks would have been told: rejected (very slow), or a measured point's time.
+        Each was an ask and a TPE fit before, the most of a new user's first tune; told, they
+        still steer TPE away from the space's invalid regions (docs/internals.md, "The search")."""
+        points = getattr(self.local.sampler, "unasked", None)
+        if not points:
+            return
+        self.local.sampler.unasked = []
+        for params in points:
+            self.idle_asks += 1
+            judged = self._judged(params)
+            known = self.stored.get(judged[1]) if judged is not None else None
+            if judged is not None and known is None:
+                continue  # in flight: told its measurement with the asks that wait on it
+            if known is None:
+                self.counts.rejected += 1
+            else:
+                self.counts.reused += 1
+            value = known.time_us if known is not None and known.status == "ok" else PENALTY_US
+            self.local.add_trial(optuna.trial.create_trial(params=params, distributions=self.dists, value=value))
 
     def _would_skip(self, params: dict) -> bool:
         """Whether the search would not measure a point the sampler may propose: invalid, or

@@ -18,11 +18,13 @@ The touch-points, and why each is needed:
    error), so a batch fails as Optuna's add_trial would.
 3. ``TPESampler._compute_acquisition_func(samples, mpe_below, mpe_above)``: FixedSpaceTPESampler
    ranks last the candidates the search would skip, so an ask (a TPE fit) is not spent on a point
-   that is not measured. TPE has no public hook between drawing candidates and choosing one.
+   that is not measured, and keeps the proposal of each group of batches all skipped for the
+   search to tell without an ask (``unasked``). TPE has no public hook between drawing candidates
+   and choosing one.
 4. ``TPESampler._rng.rng``: the sampler's seeded random state; redrawn candidates come from it, so
    a seeded search stays reproducible.
 5. ``_ParzenEstimator.sample(rng, size)`` (the ``mpe_below`` TPE passes to 3): draws the fresh
-   candidates from the same model.
+   candidates from the same model, a group of batches a call.
 6. ``TPESampler._sample``'s order: it hands one ``samples`` dict to _compute_acquisition_func and
    then to _compare, so candidates redrawn into its arrays are the ones compared.
 7. ``TPESampler._get_internal_repr(trials, search_space, study)``: every ask (a TPE fit) converts
@@ -169,6 +171,11 @@ class FixedSpaceTPESampler(optuna.samplers.TPESampler):
         # Set by the search: whether it would not measure a point (SearchLoop._would_skip).
         # Such a proposal costs a whole ask (a TPE fit).
         self.skip: Callable[[dict], bool] | None = None
+        # The proposals of groups of batches all skipped during an ask, for the search to tell.
+        self.unasked: list[dict] = []
+        # A candidate's internal row -> its parameters as the search names them.
+        self._external_rows: dict[tuple, dict] = {}
+        self._verdicts: dict[tuple, bool] = {}  # this ask's judgements, by internal row
 
     def infer_relative_search_space(self, study, trial) -> dict:
         return dict(self._fixed_space)
@@ -196,26 +203,67 @@ class FixedSpaceTPESampler(optuna.samplers.TPESampler):
     def _compute_acquisition_func(self, samples, mpe_below, mpe_above):
         """TPE's acquisition of its candidates, with the ones the search would skip ranked last,
         so that TPE proposes its best candidate the search will measure. Where all are skipped,
-        fresh candidates are drawn from the same model (into the same arrays, which TPE then
-        compares), up to REDRAWS times; the last batch is returned as drawn. The acquisition (two
-        log densities over every candidate, free of side effects) is computed only for the batch
-        returned: a batch that is all skipped is redrawn without it."""
+        fresh batches are drawn from the same model (into the same arrays, which TPE then
+        compares). REDRAWS + 1 batches all skipped are what one ask used to cost before the search
+        rejected its proposal (the best of the last batch) and told TPE it was very slow; that
+        proposal is now kept in `unasked` for the search to tell without an ask (SearchLoop), and
+        the drawing goes on, up to GROUPS_PER_ASK such groups; the last group's proposal is
+        returned, to be rejected as an ask. The acquisition (two log densities over every
+        candidate, free of side effects) is computed only for a batch that is proposed."""
         names = [name for name in self._fixed_space if name in samples]
         if self.skip is None or not samples or len(names) != len(self._fixed_space):
             # not this sampler's whole space (a univariate fallback): leave it
             return super()._compute_acquisition_func(samples, mpe_below, mpe_above)
         count = len(samples[names[0]])
-        for _ in range(REDRAWS):
-            skipped = np.array([self.skip({name: self._fixed_space[name].to_external_repr(samples[name][i])
-                                           for name in names})
-                                for i in range(count)], dtype=bool)
-            if not skipped.all():
-                return np.where(skipped, -np.inf, super()._compute_acquisition_func(samples, mpe_below, mpe_above))
-            fresh = mpe_below.sample(self._rng.rng, count)
-            for name in names:
-                samples[name][:] = fresh[name]
-        return super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+        self._verdicts = {}  # the search's state holds still during an ask: a point is judged once
+        batches = self._batches({name: samples[name].copy() for name in names}, mpe_below, count)
+        for group in range(GROUPS_PER_ASK):
+            for _ in range(REDRAWS + 1):
+                batch = next(batches)
+                for name in names:
+                    samples[name][:] = batch[name]
+                skipped = self._skipped(samples, names)
+                if not skipped.all():
+                    return np.where(skipped, -np.inf, super()._compute_acquisition_func(samples, mpe_below, mpe_above))
+            values = super()._compute_acquisition_func(samples, mpe_below, mpe_above)
+            if group == GROUPS_PER_ASK - 1:
+                return values
+            best = int(np.argmax(values))
+            self.unasked.append(self._external(tuple(samples[name][best].item() for name in names)))
+        raise AssertionError("unreachable: the last group returns")
+
+    def _batches(self, first: dict[str, np.ndarray], mpe_below, count: int):
+        """TPE's own batch of `count` candidates, then fresh batches from the same model, drawn
+        REDRAWS + 1 at a time (one call of the Parzen sampler for a group)."""
+        yield first
+        while True:
+            fresh = mpe_below.sample(self._rng.rng, count * (REDRAWS + 1))
+            for i in range(REDRAWS + 1):
+                yield {name: values[i * count:(i + 1) * count] for name, values in fresh.items()}
+
+    def _skipped(self, samples: dict[str, np.ndarray], names: list[str]) -> np.ndarray:
+        """Whether the search would skip each candidate."""
+        rows = zip(*(samples[name].tolist() for name in names))
+        return np.fromiter((self._verdict(row) for row in rows), dtype=bool, count=len(samples[names[0]]))
+
+    def _verdict(self, row: tuple) -> bool:
+        verdict = self._verdicts.get(row)
+        if verdict is None:
+            verdict = self._verdicts[row] = self.skip(self._external(row))
+        return verdict
+
+    def _external(self, row: tuple) -> dict:
+        """A candidate's parameters as the search names them, from its internal row (converted
+        once per search: batches repeat points)."""
+        params = self._external_rows.get(row)
+        if params is None:
+            params = {name: distribution.to_external_repr(value)
+                      for (name, distribution), value in zip(self._fixed_space.items(), row)}
+            self._external_rows[row] = params
+        return params
 
 
-# Fresh candidate batches TPE draws when every candidate is one the search would skip.
+# Fresh candidate batches TPE draws when every candidate is one the search would skip, before the
+# group's proposal is one the search rejects; and such groups an ask may draw.
 REDRAWS = 8
+GROUPS_PER_ASK = 16

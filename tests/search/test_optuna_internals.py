@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 from pathlib import Path
 
 import numpy as np
@@ -128,16 +129,24 @@ def _ask_once(skip) -> dict:
     return study.ask(SPACE).params
 
 
-def test_the_sampler_s_hook_judges_tpe_s_candidates_and_its_redraw_is_what_tpe_proposes():
-    judged: list[dict] = []
+def test_the_sampler_s_hook_judges_tpe_s_candidates_and_its_redraw_is_what_tpe_proposes(monkeypatch):
+    batches: list[list[dict]] = []  # the points judged, batch by batch
+    judge_batch = FixedSpaceTPESampler._skipped
+
+    def recording(self, samples, names):
+        batches.append([])
+        return judge_batch(self, samples, names)
 
     def skip_the_first_batch(params: dict) -> bool:
-        judged.append(params)
-        return len(judged) <= 24  # TPE's n_ei_candidates: the whole first batch
+        batches[-1].append(params)
+        return len(batches) == 1  # TPE's own batch, all of it
 
+    monkeypatch.setattr(FixedSpaceTPESampler, "_skipped", recording)
     proposal = _ask_once(skip_the_first_batch)
-    assert len(judged) == 48  # the first batch and one redrawn batch, judged point by point
-    assert proposal in judged[24:]
+    assert len(batches) == 2 and all(batches)  # TPE's batch and one redrawn batch
+    first = {json.dumps(p, sort_keys=True) for p in batches[0]}
+    assert not any(json.dumps(p, sort_keys=True) in first for p in batches[1])  # each point judged once an ask
+    assert proposal in batches[1]
     seeded = [_ask_once(lambda params: params["a"] % 2 == 0) for _ in range(2)]
     assert seeded[0] == seeded[1] and seeded[0]["a"] % 2 == 1  # reproducible with its seed, never skipped
 
