@@ -406,6 +406,10 @@ class Family:
     def peer(self, problem: Problem) -> Peer | None:
         return None
 
+    # Modules peer() imports (e.g. "torch"): the GPU worker imports them in the background once a
+    # search measures, so that timing the peer after the search does not wait for them.
+    peer_imports: tuple[str, ...] = ()
+
     # --- calls from Python (the dispatcher) -------------------------------------------------
     def bind(self, cupy, device: int, args: tuple, kwargs: dict) -> tuple[Problem, dict, Any]:
         """Check a call's operands (on the current `device`) and turn them into

@@ -172,6 +172,8 @@ class BiasMaskScaleAdd(Family):
         return 3 * problem["n"]
 
     # --- peers ----------------------------------------------------------------------------
+    peer_imports = ("torch",)
+
     def peer(self, problem: Problem) -> Peer | None:
         """torch eager, the composed expression (x + bias) * mask * scale + addend as eager runs
         it (four kernels, the same roundings), with out= into one temporary taken here, outside

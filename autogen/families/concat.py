@@ -195,6 +195,8 @@ class Concat(Family):
         return c2.bytes_moved(problem)
 
     # --- peers ----------------------------------------------------------------------------
+    peer_imports = ("torch",)
+
     def peer(self, problem: Problem) -> Peer | None:
         """torch.cat(..., out=y) into the inputs' own y (no allocation, so it is safe inside CuPy's
         stream capture), on the capturing stream. scripts/bench_transpose_concat.py times

@@ -181,6 +181,8 @@ class Gelu(Family):
         return 8 * problem["n"]  # about: the polynomial, the exp or erf, the product
 
     # --- peers ----------------------------------------------------------------------------
+    peer_imports = ("torch",)
+
     def peer(self, problem: Problem) -> Peer | None:
         """torch's gelu writing into the inputs' own y (the out= form of aten::gelu: no
         allocation, so it is safe inside CuPy's stream capture), on the capturing stream. A

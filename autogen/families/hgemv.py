@@ -210,6 +210,7 @@ class Hgemv(GemvFamily):
                    (37, 1000, 8), (4099, 70, 1), (513, 257, 7), (130, 4104, 2), (5, 16, 6), (2, 64, 9))  # tails
     dim_defaults = {"batch": 1}  # one vector unless told otherwise (Python call and CLI alike)
     export_names_dtype = True  # autogen_hgemv_f16 and autogen_hgemv_bf16
+    peer_imports = ("torch",)  # peer(): torch.mv / torch.matmul
     example_dims = {"m": 1000, "n": 1000, "batch": 4}
     dtypes = ("float16", "bfloat16")
     space = SPACE
@@ -221,8 +222,7 @@ class Hgemv(GemvFamily):
                                (Output("y", lambda A, x: (A.shape[0], *x.shape[1:]), "A", read_when="beta"),))
     c_params = "const void* A, const void* x, void* y, int m, int n, int batch, float alpha, float beta"  # f16/bf16
     tolerance = TOLERANCES["float16"]
-    description = ("y = alpha * A x + beta * y, A row-major m x n in fp16 or bf16, x n x batch, "
-                   "fp32 accumulation, y m x batch in A's dtype")
+    description = "y = alpha * A x + beta * y, A row-major m x n fp16/bf16, x n x batch, fp32 sums, y m x batch as A"
 
     def tolerance_for(self, problem: Problem) -> float:
         return TOLERANCES[problem.dtype]

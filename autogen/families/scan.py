@@ -265,6 +265,8 @@ class Scan(Family):
         return problem["n"]
 
     # --- peers ----------------------------------------------------------------------------
+    peer_imports = ("torch",)
+
     def peer(self, problem: Problem) -> Peer | None:
         """CUB's DeviceScan from the benchmark's nvcc build (scripts/cub_peers.cu, named by
         AUTOGEN_CUB_PEERS) for fp32 and int32 x; else torch.cumsum writing into out (out=: no

@@ -187,6 +187,8 @@ class Softmax(Family):
         x = (rng.random((problem["rows"], problem["cols"]), dtype=cupy.float32) - 0.5).astype(problem.dtype)
         return (x,), {"out": cupy.empty_like(x)}
 
+    peer_imports = ("torch",)
+
     def peer(self, problem: Problem) -> Peer | None:
         """torch.softmax, run inside CuPy's stream capture on the capturing stream (torch's
         ExternalStream over CuPy's current stream). Nothing may allocate during capture, so an

@@ -161,6 +161,8 @@ class Transpose(Family):
         return c2.bytes_moved(problem)
 
     # --- peers ----------------------------------------------------------------------------
+    peer_imports = ("torch",)
+
     def peer(self, problem: Problem) -> Peer | None:
         """torch's strided copy of x.t() into the inputs' own y (what x.t().contiguous() runs,
         without its allocation, so it is safe inside CuPy's stream capture), on the capturing
