@@ -284,10 +284,11 @@ class Evaluator:
 
 
 def import_in_background(modules: tuple[str, ...]) -> threading.Thread | None:
-    """Import `modules` on a daemon thread (None when there are none). A peer's library (PyTorch:
-    2-4 s) is then loaded while the search measures rather than after it; the peer's own import,
-    when it comes, finds it loaded or waits for it (Python's import lock). A module that fails
-    to import is left to the peer, whose own import meets the same error and says what it does."""
+    """Import `modules` on a daemon thread (None when there are none). A peer's library (PyTorch's
+    import takes seconds: docs/internals.md) is then loaded while the search measures rather than
+    after it; the peer's own import, when it comes, finds it loaded or waits for it (Python's import
+    lock). A module that fails to import is left to the peer, whose own import meets the same error
+    and says what it does."""
     if not modules:
         return None
 
