@@ -1,9 +1,11 @@
 """What hgemv's space allows (autogen.families.hgemv's SPACE): each constraint returns why a point is
-left out, or None. The parameters in full: docs/families/hgemv.md, "Parameters". Registers no
-family (a private module).
+left out, or None; split_reason, why a point does not fit a problem. The parameters in full:
+docs/families/hgemv.md, "Parameters". Registers no family (a private module).
 """
 
 from __future__ import annotations
+
+from autogen.gpu.device import sm_count
 
 X_TILE_BYTES = 32 * 1024  # x_path=smem stages tpr*pw*u columns x batch_tile floats; at most this
 
@@ -115,8 +117,12 @@ BOUND_THREADS = REGISTERS_PER_SM // 128
 def tensor_core_registers(p) -> str | None:
     # A second register set of A, and a register bound, change the mma loop only (the CUDA-core
     # loops keep theirs: docs/families/hgemv.md, a_buffers and min_blocks).
+    if rows_in_flight(p):
+        return rows_in_flight_registers(p)
     if p["x_path"] != "mma" and (p["a_buffers"] != 1 or p["min_blocks"] != 1):
-        return "a_buffers and min_blocks shape the tensor-core loop: x_path=mma only"
+        return "a_buffers and min_blocks shape the tensor-core loop: x_path=mma only (min_blocks: rows in flight too)"
+    if p["min_blocks"] == 4:
+        return "min_blocks=4 is for rows in flight (x_path=mma is bounded to 2 or 3 blocks)"
     threads = p["min_blocks"] * 32 * p["warps_per_block"]
     if p["min_blocks"] > 1 and threads < BOUND_THREADS:
         return (f"min_blocks={p['min_blocks']} blocks of {32 * p['warps_per_block']} threads leave each "
@@ -124,4 +130,44 @@ def tensor_core_registers(p) -> str | None:
     # Bounded to 80 registers (3 blocks of 256 threads), two sets of A or 4 steps of it spill.
     if p["min_blocks"] >= 3 and (p["a_buffers"] == 2 or p["rows_per_group"] * p["unroll"] > 2):
         return "min_blocks=3 spills A's registers: a_buffers=1 and rows_per_group * unroll <= 2 only"
+    return None
+
+
+def rows_in_flight_registers(p) -> str | None:
+    # Rows in flight at three and four vectors: unbounded, ptxas leaves room for 3 blocks of 256
+    # threads an SM; bounded to 64 registers (min_blocks=4) they hold 4 (why it pays and where:
+    # docs/families/hgemv.md, "Rows in flight bounded to 64 registers"). The bound is offered where
+    # ptxas (nvcc 13, sm_90) fits every such variant, both dtypes and every threads_per_row, without
+    # a spill: few x columns a pass (unroll * pack_width * batch_tile <= 24), at most 16 weights in
+    # flight, and not 2-element packs over 8 steps of a group (rows_per_group * unroll >= 8).
+    if p["a_buffers"] != 1:
+        return "a_buffers=2 is the tensor-core loop's: x_path=mma only"
+    if p["min_blocks"] == 1:
+        return None
+    if p["min_blocks"] != 4 or p["warps_per_block"] != 8 or p["batch_tile"] < 3:
+        return "rows in flight take min_blocks=4 with 256-thread blocks at three or four vectors only"
+    columns, weights = p["unroll"] * p["pack_width"], p["rows_per_group"] * p["unroll"] * p["pack_width"]
+    if columns * p["batch_tile"] > 24 or weights > 16 or (p["pack_width"] == 2 and p["rows_per_group"] * p["unroll"] >= 8):
+        return "rows in flight bounded to 64 registers spill with this many x columns or weights a pass"
+    return None
+
+
+# A column split pays two cluster barriers and a combine per tile; it is tried where the blocks of
+# row tiles leave SMs idle or unevenly loaded: fewer than this many per SM.
+SPLIT_BELOW_BLOCKS_PER_SM = 4
+
+
+def split_reason(problem, config, row_blocks: int) -> str | None:
+    """Why split_k does not fit this problem: the row blocks already fill the GPU, or a block of
+    the cluster would get no chunk of the columns."""
+    split = config["split_k"]
+    if split == 1:
+        return None
+    enough = SPLIT_BELOW_BLOCKS_PER_SM * sm_count()
+    if row_blocks >= enough:
+        return f"{row_blocks} blocks of row tiles fill the GPU ({enough} or more) without split_k"
+    chunk = config["threads_per_row"] * config["unroll"]  # x_path=mma: columns per chunk
+    chunks = -(-problem["n"] // chunk)
+    if chunks < split:
+        return f"split_k={split} over {chunks} chunks of {chunk} columns leaves a block without one"
     return None

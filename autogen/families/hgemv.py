@@ -22,10 +22,9 @@ from autogen.errors import ArgumentError
 from autogen.families._gemv import (gemv_arguments, gemv_shapes, GemvFamily, overshoot_reason,
                                     reduce_only_across_warps, row_fits_block)
 from autogen.families._hgemv_constraints import (mma_shape, peeled_rows_stage_x, rows_in_flight, schedule_has_steps,
-                                               split_on_tensor_cores, tail_peels_one_vector,
-                                               tensor_core_registers, three_vectors_in_flight,
-                                               values_fit_registers, x_tile_fits)
-from autogen.gpu.device import sm_count
+                                               split_on_tensor_cores, split_reason, tail_peels_one_vector,
+                                               tensor_core_registers, three_vectors_in_flight, values_fit_registers,
+                                               x_tile_fits)
 from autogen.gpu.peers import torch_cuda, torch_stream_peer
 
 MAX_TILE = 8  # the largest batch_tile: LLM decode batches of 1 to 8 take one launch
@@ -76,8 +75,8 @@ SPACE = Space(
         Param("a_buffers", (1, 2), "ab",
               "register sets of A (x_path=mma): 2 requests the next chunk's A before this chunk's mma",
               added_with_default=1),
-        Param("min_blocks", (1, 2, 3), "mb",
-              "blocks per SM the registers are bounded for (__launch_bounds__; x_path=mma); 1: no bound",
+        Param("min_blocks", (1, 2, 3, 4), "mb",
+              "blocks per SM the registers are bounded for (__launch_bounds__; x_path=mma, rows in flight); 1: none",
               added_with_default=1),
     ),
     constraints=(row_fits_block, reduce_only_across_warps, x_tile_fits, mma_shape, values_fit_registers,
@@ -128,27 +127,6 @@ def alignment_period(problem: Problem, config: Config) -> int:
     return pack if problem["n"] % pack else 1
 
 
-# A column split pays two cluster barriers and a combine per tile; it is tried where the blocks of
-# row tiles leave SMs idle or unevenly loaded: fewer than this many per SM.
-SPLIT_BELOW_BLOCKS_PER_SM = 4
-
-
-def split_reason(problem: Problem, config: Config, row_blocks: int) -> str | None:
-    """Why split_k does not fit this problem: the row blocks already fill the GPU, or a block of
-    the cluster would get no chunk of the columns."""
-    split = config["split_k"]
-    if split == 1:
-        return None
-    enough = SPLIT_BELOW_BLOCKS_PER_SM * sm_count()
-    if row_blocks >= enough:
-        return f"{row_blocks} blocks of row tiles fill the GPU ({enough} or more) without split_k"
-    chunk = config["threads_per_row"] * config["unroll"]  # x_path=mma: columns per chunk
-    chunks = -(-problem["n"] // chunk)
-    if chunks < split:
-        return f"split_k={split} over {chunks} chunks of {chunk} columns leaves a block without one"
-    return None
-
-
 def batch_tile_for(batch: int, params: dict | Config | None = None) -> int:
     """The tile the search times for a batch: the smallest power of two covering it (at most 8),
     so that a batch of up to 8 vectors reads the weights once; for rows in flight (`params` of
@@ -179,6 +157,10 @@ ODD_ROWS_SEED = dict(threads_per_row=32, pack_width=8, warps_per_block=8, rows_p
 ROWS_IN_FLIGHT_SEEDS = tuple(dict(threads_per_row=tpr, pack_width=8, warps_per_block=4, rows_per_group=1, unroll=4,
                                   x_path="ldg", reduce="shfl", load_schedule="chunk", tail="checked", row_align="peeled")
                              for tpr in (128, 64))
+# Four vectors: 256-thread blocks of row groups of four, bounded to 64 registers (the winner at
+# 3000 x 4099 on the H100: docs/families/hgemv.md, "Rows in flight bounded to 64 registers").
+ROWS_IN_FLIGHT_BOUNDED_SEED = dict(ROWS_IN_FLIGHT_SEEDS[0], pack_width=4, warps_per_block=8, rows_per_group=4,
+                                   min_blocks=4, unroll=1)
 
 
 # Untuned long rows off the 16-byte boundary, one to four vectors: rows in flight, four warps a row,
@@ -248,8 +230,8 @@ class Hgemv(GemvFamily):
     def seed_configs(self, problem: Problem) -> list[Config]:
         """The default, then for one vector the BATCH1_SEEDS of its row length, then the twins
         of each (row_align=peeled on rows off the 16-byte boundary, where one vector also gets
-        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS; split_k=2, min_blocks, tail=peeled):
-        docs/families/hgemv.md, "Defaults", says which shapes each seed won."""
+        ODD_ROWS_SEED and ROWS_IN_FLIGHT_SEEDS, four ROWS_IN_FLIGHT_BOUNDED_SEED; split_k=2,
+        min_blocks, tail=peeled): docs/families/hgemv.md, "Defaults", says which shapes each won."""
         default = self.default_config(problem)
         extra = [params for lo, hi, params in BATCH1_SEEDS if problem["batch"] == 1 and lo <= problem["n"] < hi]
         # (the batch-1 seeds are read-only-path configs: row_align=peeled comes as their twins)
@@ -262,6 +244,8 @@ class Hgemv(GemvFamily):
             seeds += [twin for twin in map(_peeled_rows_twin, seeds) if twin is not None]
             if problem["batch"] == 1:
                 seeds += [self.space.check({**default.as_dict(), **seed}) for seed in (ODD_ROWS_SEED, *ROWS_IN_FLIGHT_SEEDS)]
+            elif problem["batch"] == 4:
+                seeds.append(self.space.check({**default.as_dict(), **ROWS_IN_FLIGHT_BOUNDED_SEED}))
         seeds += [twin for twin in (self._split_twin(problem, seed) for seed in seeds) if twin is not None]
         if problem["n"] % 8:  # where they were measured to win (rows off the boundary)
             seeds += [twin for twin in map(_bounded_twin, seeds) if twin is not None]

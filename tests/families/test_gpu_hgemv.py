@@ -76,6 +76,10 @@ def sample_configs() -> list:
     for other in ("threads_per_row", "pack_width", "unroll", "rows_per_group"):
         for key in {(c["batch_tile"], c[other]) for c in flight}:
             chosen.add(next(c for c in flight if (c["batch_tile"], c[other]) == key))
+    # ... and those bounded to 64 registers (min_blocks=4): every batch tile with every pack width.
+    bounded = [c for c in configs if c["min_blocks"] == 4]
+    for key in {(c["batch_tile"], c["pack_width"]) for c in bounded}:
+        chosen.add(next(c for c in bounded if (c["batch_tile"], c["pack_width"]) == key))
     return sorted(chosen, key=lambda c: FAMILY.kernel_name("float16", c))
 
 

@@ -51,12 +51,16 @@ def test_space_size_and_every_issue_parameter():
     # and 920 rows in flight (row_align=peeled through x_path=ldg: 10 whole-warp geometries x
     # batch tiles 1 to 4 (3 theirs alone) x the 23 of pack width, rows per group and unroll whose
     # weights in flight fit (rows_per_group * unroll * pack_width <= 32), chunk schedule, checked
-    # tail, shuffles)
-    assert len(configs) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920
+    # tail, shuffles), 84 of whose 256-thread blocks at three and four vectors are also bounded to
+    # 64 registers (min_blocks=4, 21 of the 23 combinations at 4 geometries)
+    assert len(configs) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920 + 84
     early = [c for c in configs if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
     flight = [c for c in configs if c["row_align"] == "peeled" and c["x_path"] == "ldg"]
-    assert len(flight) == 920 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 for c in flight)
+    assert len(flight) == 920 + 84 and all(c["threads_per_row"] >= 32 and c["batch_tile"] <= 4 for c in flight)
+    bounded = [c for c in flight if c["min_blocks"] > 1]
+    assert len(bounded) == 84 and all(c["min_blocks"] == 4 and c["warps_per_block"] == 8 and c["batch_tile"] >= 3
+                                      for c in bounded)
     assert all(c in flight for c in configs if c["batch_tile"] == 3)
     # row_align=peeled: the x_path smem and mma variants again, x staged from the rows' head, and
     # through x_path=ldg only the rows in flight
@@ -1140,8 +1144,8 @@ def test_split_blocks_take_every_chunk_once(n, chunk, split):
 
 
 def test_split_is_for_few_row_blocks_and_enough_chunks(monkeypatch):
-    import autogen.families.hgemv as hgemv
-    monkeypatch.setattr(hgemv, "sm_count", lambda: 132)
+    import autogen.families._hgemv_constraints as constraints
+    monkeypatch.setattr(constraints, "sm_count", lambda: 132)
     assert FAMILY.reject_reason(FAMILY.problem(m=3000, n=4099, batch=3), SPLIT) is None
     # 688 blocks of 16 rows fill the GPU (4 per SM) without a split
     assert "fill the GPU" in FAMILY.reject_reason(FAMILY.problem(m=11008, n=4097, batch=3), SPLIT)
@@ -1175,8 +1179,8 @@ def test_split_host_launcher_builds_and_clusters_only_on_sm90(tmp_path, arch):
 
 
 def test_few_row_blocks_seed_the_tensor_core_default_split_in_two(monkeypatch):
-    import autogen.families.hgemv as hgemv
-    monkeypatch.setattr(hgemv, "sm_count", lambda: 132)
+    import autogen.families._hgemv_constraints as constraints
+    monkeypatch.setattr(constraints, "sm_count", lambda: 132)
     for batch in (1, 2, 3, 8):
         seeds = FAMILY.seed_configs(FAMILY.problem(m=1000, n=4103, batch=batch))
         tensor_cores = next(s for s in seeds if s["x_path"] == "mma")  # the default from batch 3 on
@@ -1254,6 +1258,55 @@ def test_min_blocks_bounds_the_registers_of_the_launch():
         config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=4, min_blocks=3)
     with pytest.raises(InvalidConfigError, match="min_blocks=3 spills"):
         config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=2, a_buffers=2, min_blocks=3)
+
+
+ROWS_IN_FLIGHT = dict(row_align="peeled", x_path="ldg", warps_per_block=8, pack_width=4)
+
+
+def test_rows_in_flight_bounded_to_64_registers_at_three_and_four_vectors():
+    # The four-vector winner at 3000 x 4099 on the H100 (docs/families/hgemv.md, "Rows in flight
+    # bounded to 64 registers"), and the forms ptxas spills at 64 registers kept out.
+    winner = config(**ROWS_IN_FLIGHT, threads_per_row=128, rows_per_group=4, unroll=1, batch_tile=4, min_blocks=4)
+    assert FAMILY.kernel_name("float16", winner).endswith("_bt4_rapeeled_mb4")
+    assert 'extern "C" __global__ void __launch_bounds__(256, 4)' in render(FAMILY, "float16", winner)
+    assert config(**ROWS_IN_FLIGHT, threads_per_row=64, rows_per_group=2, unroll=2, batch_tile=3, min_blocks=4)
+    for params, reason in (({"warps_per_block": 4, "threads_per_row": 128}, "256-thread blocks"),
+                           ({"batch_tile": 2}, "three or four vectors"), ({"min_blocks": 3}, "min_blocks=4"),
+                           ({"rows_per_group": 2, "unroll": 2}, "spill"), ({"pack_width": 8, "rows_per_group": 2}, "spill"),
+                           ({"pack_width": 2, "rows_per_group": 4, "unroll": 2}, "spill")):
+        base = {**ROWS_IN_FLIGHT, "threads_per_row": 128, "rows_per_group": 4, "unroll": 1, "batch_tile": 4,
+                "min_blocks": 4, **params}
+        with pytest.raises(InvalidConfigError, match=reason):
+            config(**base)
+    with pytest.raises(InvalidConfigError, match="rows in flight"):
+        config(x_path="mma", threads_per_row=256, warps_per_block=8, unroll=1, batch_tile=4, min_blocks=4)
+
+
+def test_four_vectors_on_rows_off_the_boundary_seed_the_bounded_rows_in_flight():
+    def bounded_seeds(m, n, batch):
+        return [c for c in FAMILY.seed_configs(FAMILY.problem(m=m, n=n, batch=batch))
+                if c["min_blocks"] == 4 and c["x_path"] == "ldg"]
+    seeds = bounded_seeds(3000, 4099, 4)
+    assert len(seeds) == 1 and FAMILY.kernel_name("float16", seeds[0]) == \
+        "hgemv_f16_tpr128_pw4_wpb8_rpg4_u1_xldg_rshfl_bt4_rapeeled_mb4"
+    assert not bounded_seeds(3000, 4099, 3) and not bounded_seeds(3000, 4096, 4) and not bounded_seeds(3000, 4099, 1)
+
+
+def test_rows_in_flight_bounded_to_64_registers_compile_without_spills_on_sm90(tmp_path):
+    # One variant of each of the 21 bounded combinations (geometry and dtype taking turns): ptxas
+    # must fit each in 64 registers with no local memory (the rule in rows_in_flight_registers).
+    from nvcc_tools import nvcc_compile
+    bounded = [c for c in all_configs() if c["min_blocks"] == 4]
+    combos = {}
+    for c in bounded:
+        combos.setdefault((c["pack_width"], c["rows_per_group"], c["unroll"], c["batch_tile"]), []).append(c)
+    assert len(combos) == 21
+    sources = [render(FAMILY, DTYPES[i % 2], forms[i % len(forms)]) for i, forms in enumerate(combos.values())]
+    report = nvcc_compile(sources, "sm_90", tmp_path)
+    registers = [int(r) for r in re.findall(r"Used (\d+) registers", report)]
+    assert len(registers) == 21 and max(registers) <= 64
+    assert all(s == "0" for s in re.findall(r"(\d+) bytes spill stores", report))
+    assert all(f == "0" for f in re.findall(r"(\d+) bytes stack frame", report))
 
 
 def test_old_points_render_without_a_buffers_or_min_blocks():
