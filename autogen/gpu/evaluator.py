@@ -19,6 +19,10 @@ from autogen.gpu.device import device_identity, free_device_memory, require_cupy
 from autogen.gpu.measure import (build_timer, EARLY_FACTOR, REPLAYS, rehearse_checks, sample_until, time_enqueue,
                                  time_into, timing_sets, validate)
 
+# The longest a timing waits for the peer's import still running (Evaluator._await_peer_imports).
+PEER_IMPORT_WAIT_S = 300.0
+
+
 @dataclass(frozen=True)
 class WorkSpec:
     """Everything a worker needs to set itself up; picklable."""
@@ -142,6 +146,7 @@ class Evaluator:
         self._modules: dict[str, object] = {}  # keeps loaded modules alive
         self.spent_s: dict[str, float] = {}  # per stage of evaluate (load, validate, inputs, graph, replay)
         self._peer_imports_started = False
+        self._peer_imports: threading.Thread | None = None  # import_in_background's, while it runs
         self.cupy.get_default_memory_pool().free_all_blocks()
 
     def _stage(self, name: str):
@@ -214,6 +219,7 @@ class Evaluator:
                 return Outcome(kernel_name, "failed", f"validation: {check.reason}", check.error)
             with self._stage("inputs"):  # the first evaluation makes the rotating input sets
                 sets = self.timing_inputs()
+            self._await_peer_imports()
             with self._stage("graph"):
                 timer = build_timer(self.cupy, lambda i: launch(sets[i]), len(sets))
             with self._stage("replay"):
@@ -223,18 +229,31 @@ class Evaluator:
             self._note_context_health()
             return Outcome(kernel_name, "failed", f"launch: {type(exc).__name__}: {one_line(exc)}")
 
+    def _await_peer_imports(self) -> None:
+        """Timing waits for the peer's import (validation does not). A library's loading holds the
+        interpreter for long stretches; replays enqueued meanwhile reach the GPU late, which idles
+        between them, and a sample counts the idling: the first variants of a search measured
+        several times their time (docs/internals.md, "How a variant is judged"). At most
+        PEER_IMPORT_WAIT_S: nothing waits forever."""
+        thread = self._peer_imports
+        if thread is not None and thread.is_alive():
+            with self._stage("peer_imports"):
+                thread.join(timeout=PEER_IMPORT_WAIT_S)
+
     def time_peer(self) -> tuple[str, tuple[float, ...]] | None:
         """The family's library peer timed the same way, on the same input sets."""
         peer = self.family.peer(self.problem)
         if peer is None:
             return None
         sets = self.timing_inputs()
+        self._await_peer_imports()
         timing = time_enqueue(self.cupy, lambda i: peer.run(sets[i]), len(sets))
         return peer.name, timing.samples_us
 
     def retime(self, candidates: list[tuple[str, bytes, dict]], rounds: int) -> dict[str, tuple[float, ...]]:
         """Replay the candidates' graphs interleaved, round after round, so drift hits all alike."""
         sets = self.timing_inputs()
+        self._await_peer_imports()
         timers = {}
         for name, cubin, params in candidates:
             launch = self._launcher(name, cubin, params)
@@ -255,7 +274,7 @@ class Evaluator:
         if isinstance(request, Evaluate):
             if not self._peer_imports_started:  # a search measures: its peer comes after it
                 self._peer_imports_started = True
-                import_in_background(self.family.peer_imports)
+                self._peer_imports = import_in_background(self.family.peer_imports)
             return self.evaluate(request.kernel_name, request.cubin, request.params, request.best_us)
         if isinstance(request, TimePeer):
             return self.time_peer()
