@@ -49,7 +49,8 @@ def make_sampler(name: str, seed: int | None, space: dict[str, CategoricalDistri
     if name == "tpe":
         # multivariate: parameters interact (vector width x threads per row);
         # constant_liar: several trials are in flight while the compile pool works ahead.
-        return FixedSpaceTPESampler(space, seed=seed, multivariate=True, constant_liar=True, n_startup_trials=10)
+        return FixedSpaceTPESampler(space, penalty=PENALTY_US, seed=seed, multivariate=True, constant_liar=True,
+                                    n_startup_trials=10)
     if name == "random":
         # whole points the search would measure (autogen.search.random_sampler)
         return FixedSpaceRandomSampler(space, seed=seed)

@@ -37,6 +37,11 @@ The touch-points, and why each is needed:
    _CachedStorage, while add_trials writes to the RDBStorage beneath it; the cache must still
    read the trials it did not write.
 
+9. ``TPESampler._gamma``: the split of the finished trials into TPE's good and bad groups, a
+   callable of their count that ``_sample`` calls before each ask (Optuna's ``gamma`` argument sets
+   it, deprecated since 4.9). FixedSpaceTPESampler holds the good group to the trials measured, so
+   the rejected points (told very slow) never make it up (``_below_count``).
+
 Replaced by public interfaces, hence no longer touched: ``Study._storage`` and ``Study._study_id``
 (autogen.search.studies keeps the storages it opens and asks their get_study_id_from_name),
 ``_CachedStorage._backend`` (the shared RDBStorage is autogen.search.studies.storage's), and
@@ -163,9 +168,17 @@ class FixedSpaceTPESampler(optuna.samplers.TPESampler):
     that TPE infers before each ask is always that space; computing it compared every trial's
     distributions on every ask (a third of the tuner's host time at 300 asks)."""
 
-    def __init__(self, space: dict[str, CategoricalDistribution], **kwargs):
+    def __init__(self, space: dict[str, CategoricalDistribution], penalty: float | None = None, **kwargs):
         super().__init__(**kwargs)
+        self._gamma = self._below_count  # touch-point 9 (Optuna's gamma argument is deprecated)
         self._fixed_space = dict(space)
+        # A trial told at least this value stands for a point the search rejected (invalid or pruned
+        # for the shape: studies.PENALTY_US). Such a trial is never one of TPE's good ("below")
+        # trials: while fewer points are measured than TPE's split would take (a search's start),
+        # the good group holds the measured ones alone, where it would otherwise fill up with
+        # rejected points, all equally bad, and draw on among them (docs/internals.md, "The search").
+        self.penalty = penalty
+        self._measured = 0  # finished trials below the penalty, counted before each ask
         # (study name, trial number) -> the finished trial's parameters in their internal form.
         self._internal_rows: dict[tuple[str, int], tuple] = {}
         # Set by the search: whether it would not measure a point (SearchLoop._would_skip).
@@ -178,7 +191,17 @@ class FixedSpaceTPESampler(optuna.samplers.TPESampler):
         self._verdicts: dict[tuple, bool] = {}  # this ask's judgements, by internal row
 
     def infer_relative_search_space(self, study, trial) -> dict:
+        # Called before each ask's split of the trials into good and bad (TPE's gamma, below).
+        if self.penalty is not None:
+            finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            self._measured = sum(1 for t in finished if t.value is not None and t.value < self.penalty)
         return dict(self._fixed_space)
+
+    def _below_count(self, finished: int) -> int:
+        """TPE's good trials of `finished`: Optuna's default split, min(ceil(0.1 n), 25), held to
+        the trials measured where a penalty is set."""
+        count = min(int(np.ceil(0.1 * finished)), 25)
+        return count if self.penalty is None else min(count, self._measured)
 
     def _get_internal_repr(self, trials, search_space, study) -> dict[str, np.ndarray]:
         """Optuna's arrays of the trials' parameters in their internal form (a trial without all

@@ -81,6 +81,13 @@ def test_the_tpe_hooks_the_sampler_overrides_are_there():
     assert [source.index(step) for step in steps] == sorted(source.index(step) for step in steps)
 
 
+def test_tpe_splits_its_trials_with_the_gamma_the_sampler_sets():
+    # touch-point 9: _sample calls self._gamma with the count of finished trials (None: Optuna's default)
+    assert TPESampler(seed=0)._gamma is None
+    assert "self._gamma(n)" in inspect.getsource(TPESampler._sample)
+    assert FixedSpaceTPESampler(SPACE, penalty=1e9, seed=0)._gamma.__name__ == "_below_count"
+
+
 # -- the fenced functions, end to end -------------------------------------------------------------
 
 def _template(a: int, value: float, kernel: str) -> optuna.trial.FrozenTrial:
@@ -149,6 +156,33 @@ def test_the_sampler_s_hook_judges_tpe_s_candidates_and_its_redraw_is_what_tpe_p
     assert proposal in batches[1]
     seeded = [_ask_once(lambda params: params["a"] % 2 == 0) for _ in range(2)]
     assert seeded[0] == seeded[1] and seeded[0]["a"] % 2 == 1  # reproducible with its seed, never skipped
+
+
+def _study_with_rejected_points(penalty: float | None, measured: int, seed: int):
+    """A study whose first 40 trials were rejected (told 1e9) at a < 8, then `measured` measured ones."""
+    sampler = FixedSpaceTPESampler(SPACE, penalty=penalty, seed=seed, multivariate=True, n_startup_trials=10)
+    study = optuna.create_study(sampler=sampler)
+    for i in range(40):
+        study.add_trial(_template(i % 8, 1e9, f"r{i}"))
+    for i in range(measured):
+        study.add_trial(_template(40 + i, 10.0 + i, f"m{i}"))
+    return study, sampler
+
+
+def test_rejected_points_are_never_tpe_s_good_trials():
+    # Held to the measured trials: none, so TPE's good group is empty (and it still proposes, from
+    # its prior, a point outside the rejected region); three, so those three make it up.
+    for seed in range(5):
+        study, sampler = _study_with_rejected_points(1e9, 0, seed)
+        assert study.ask(SPACE).params["a"] >= 8
+        assert sampler._below_count(40) == 0
+    study, sampler = _study_with_rejected_points(1e9, 3, 0)
+    study.ask(SPACE)
+    assert sampler._below_count(43) == 3 and sampler._below_count(10) == 1
+    # Without a penalty the split is Optuna's default: min(ceil(0.1 n), 25)
+    study, sampler = _study_with_rejected_points(None, 0, 0)
+    study.ask(SPACE)
+    assert [sampler._below_count(n) for n in (1, 10, 11, 40, 300)] == [1, 1, 2, 4, 25]
 
 
 # -- no module outside the fence names an Optuna private ------------------------------------------
