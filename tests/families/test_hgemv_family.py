@@ -52,7 +52,8 @@ def test_space_size_and_every_issue_parameter():
     # batch tiles 1 to 4 (3 theirs alone) x the 23 of pack width, rows per group and unroll whose
     # weights in flight fit (rows_per_group * unroll * pack_width <= 32), chunk schedule, checked
     # tail, shuffles), 84 of whose 256-thread blocks at three and four vectors are also bounded to
-    # 64 registers (min_blocks=4, 21 of the 23 combinations at 4 geometries)
+    # 64 registers (min_blocks=4: 21 combinations of pack width, rows per group, unroll and a batch
+    # tile of 3 or 4, at the 4 geometries of 8 warps)
     assert len(configs) == 7860 + 1036 + 3968 + 3 * 160 + 880 + 2 * 280 + 168 + 4688 + 920 + 84
     early = [c for c in configs if c["load_schedule"] == "early"]
     assert len(early) == 4688 and all(c["x_path"] == "smem" for c in early)
